@@ -1,0 +1,36 @@
+# Two commands for a fresh clone:
+#   make demo   set up (.venv, system packages, built-in corpus) and run the main job
+#   make test   set up and run the test suite
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+RVQLM  := $(VENV)/bin/rvqlm
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup system-deps corpus demo test test-slow bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP) system-deps
+
+# Debian packages: the built-in real-speech corpus (fillets-ng-data-cs) and small wav prompts.
+system-deps:
+	@bash scripts/system_deps.sh
+
+corpus: setup
+	$(RVQLM) corpus prepare
+
+demo: setup
+	$(RVQLM) demo
+
+test: setup
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+clean:
+	rm -rf data runs lightning_logs .pytest_cache

@@ -1,0 +1,191 @@
+"""Audio I/O, in one place: read anything libsndfile reads, write with soundfile.
+
+Every reader returns float32 tensors shaped `[C, S]` (channels, samples) at the rate and channel
+count the caller asks for (torchaudio resampling, mean downmix / repeat upmix). Every failure a
+user can cause (missing, empty, truncated, non-audio, NaN/inf samples, too long) raises
+`AudioError` whose message starts with the file's path; nothing deeper ever leaks a traceback
+from torch or libsndfile.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import soundfile as sf
+import torch
+import torchaudio.functional as AF
+
+from rvqlm.atomic import atomic_path
+
+#: File suffixes the folder walkers pick up (libsndfile's formats, mp3 included since 1.1).
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".w64", ".caf")
+
+
+class AudioError(ValueError):
+    """A user-facing audio problem. The message names the file and says what is wrong."""
+
+    def __init__(self, path: str | os.PathLike, reason: str):
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    path: str
+    sample_rate: int
+    channels: int
+    frames: int
+    format: str
+
+    @property
+    def duration(self) -> float:
+        return self.frames / self.sample_rate
+
+
+def audio_info(path: str | os.PathLike) -> AudioInfo:
+    """Read the header only. Raises AudioError for missing, non-audio or empty files."""
+    path = Path(path)
+    if not path.is_file():
+        raise AudioError(path, "no such file")
+    if path.stat().st_size == 0:
+        raise AudioError(path, "empty file (0 bytes)")
+    try:
+        info = sf.info(str(path))
+    except (sf.LibsndfileError, RuntimeError, TypeError) as e:
+        raise AudioError(path, f"not a readable audio file ({_short(e)})") from None
+    if info.frames <= 0:
+        raise AudioError(path, "no audio samples (zero-length)")
+    if info.samplerate <= 0 or info.channels <= 0:
+        raise AudioError(path, f"invalid header (rate {info.samplerate}, channels {info.channels})")
+    return AudioInfo(str(path), int(info.samplerate), int(info.channels), int(info.frames), str(info.format))
+
+
+def load_audio(
+    path: str | os.PathLike,
+    sample_rate: int,
+    channels: int = 1,
+    *,
+    max_seconds: float | None = None,
+    offset_seconds: float = 0.0,
+    duration_seconds: float | None = None,
+) -> torch.Tensor:
+    """Read a file (or a slice of it) to float32 `[channels, S]` at `sample_rate`.
+
+    max_seconds: refuse (AudioError) files longer than this instead of loading them whole; use
+    `iter_audio_blocks` to stream long files.
+    """
+    info = audio_info(path)
+    if max_seconds is not None and info.duration > max_seconds:
+        raise AudioError(path, f"too long ({info.duration:.1f} s > limit {max_seconds:.1f} s)")
+    start = int(round(offset_seconds * info.sample_rate))
+    if start >= info.frames:
+        raise AudioError(path, f"offset {offset_seconds:.2f} s is past the end ({info.duration:.2f} s)")
+    frames = -1 if duration_seconds is None else max(1, int(round(duration_seconds * info.sample_rate)))
+    data = _read(path, start, frames)
+    wav = torch.from_numpy(np.ascontiguousarray(data.T))
+    return to_layout(wav, info.sample_rate, sample_rate, channels, path=path)
+
+
+def iter_audio_blocks(
+    path: str | os.PathLike, sample_rate: int, channels: int = 1, block_seconds: float = 60.0
+) -> Iterator[torch.Tensor]:
+    """Stream a file as consecutive `[channels, S_block]` blocks at `sample_rate`.
+
+    Memory stays bounded by the block size whatever the file's length. Resampling is done per
+    block with a polyphase filter whose edges are handled by carrying `pad` input samples of
+    context across block boundaries, so the concatenated blocks equal (up to float rounding at
+    the block edges) resampling the whole file at once.
+    """
+    info = audio_info(path)
+    if info.sample_rate == sample_rate:
+        block = max(1, int(block_seconds * info.sample_rate))
+        for start in range(0, info.frames, block):
+            data = _read(path, start, min(block, info.frames - start))
+            yield to_layout(torch.from_numpy(np.ascontiguousarray(data.T)), sample_rate, sample_rate, channels, path=path)
+        return
+    # Resampling path: work in units of the rates' gcd so block boundaries map exactly.
+    g = math.gcd(info.sample_rate, sample_rate)
+    unit_in, unit_out = info.sample_rate // g, sample_rate // g
+    units = max(1, int(block_seconds * info.sample_rate) // unit_in)
+    block_in = units * unit_in
+    pad_units = max(1, math.ceil(0.05 * info.sample_rate / unit_in))  # 50 ms of context each side
+    pad_in = pad_units * unit_in
+    for start in range(0, info.frames, block_in):
+        lo = max(0, start - pad_in)
+        hi = min(info.frames, start + block_in + pad_in)
+        data = _read(path, lo, hi - lo)
+        wav = to_layout(torch.from_numpy(np.ascontiguousarray(data.T)), info.sample_rate, sample_rate, channels, path=path)
+        skip = (start - lo) // unit_in * unit_out
+        n_out = math.ceil(min(block_in, info.frames - start) * sample_rate / info.sample_rate)
+        yield wav[:, skip : skip + n_out]
+
+
+def to_layout(
+    wav: torch.Tensor, sr_in: int, sr_out: int, channels: int, *, path: str | os.PathLike = "<tensor>"
+) -> torch.Tensor:
+    """Convert `[C_in, S]` float audio to `[channels, S']` at `sr_out`.
+
+    Downmix: mean over channels (to mono). Upmix: a mono signal is repeated. Other channel
+    mappings are ambiguous and refused.
+    """
+    if wav.dim() != 2:
+        raise AudioError(path, f"expected [channels, samples], got shape {tuple(wav.shape)}")
+    wav = wav.to(torch.float32)
+    if not torch.isfinite(wav).all():
+        raise AudioError(path, "contains NaN or infinite sample values")
+    c_in = wav.shape[0]
+    if c_in != channels:
+        if channels == 1:
+            wav = wav.mean(dim=0, keepdim=True)
+        elif c_in == 1:
+            wav = wav.expand(channels, -1).contiguous()
+        else:
+            raise AudioError(path, f"cannot map {c_in} channels to {channels}; convert the file first")
+    if sr_in != sr_out:
+        wav = AF.resample(wav, sr_in, sr_out)
+    return wav
+
+
+def save_audio(path: str | os.PathLike, wav: torch.Tensor, sample_rate: int, subtype: str | None = None) -> Path:
+    """Write `[C, S]` (or `[S]`) float audio atomically; the format follows the suffix (wav default PCM_16).
+
+    Samples are clipped to [-1, 1] so integer formats never wrap around.
+    """
+    path = Path(path)
+    wav = wav.detach().to("cpu", torch.float32)
+    if wav.dim() == 1:
+        wav = wav.unsqueeze(0)
+    if wav.dim() != 2:
+        raise ValueError(f"save_audio expects [C, S], got {tuple(wav.shape)}")
+    if not torch.isfinite(wav).all():
+        raise ValueError(f"{path}: refusing to write NaN or infinite samples")
+    data = wav.clamp(-1.0, 1.0).numpy().T
+    fmt = path.suffix.lstrip(".").upper() or "WAV"
+    if subtype is None and fmt == "WAV":
+        subtype = "PCM_16"
+    with atomic_path(path) as tmp:
+        sf.write(str(tmp), data, sample_rate, subtype=subtype, format=fmt)
+    return path
+
+
+def _read(path: str | os.PathLike, start: int, frames: int) -> np.ndarray:
+    try:
+        data, _ = sf.read(str(path), start=start, frames=frames, dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, ValueError) as e:
+        raise AudioError(path, f"cannot decode audio ({_short(e)}); the file may be truncated or corrupt") from None
+    if data.shape[0] == 0:
+        raise AudioError(path, "no audio samples could be decoded (truncated or corrupt)")
+    if not np.isfinite(data).all():
+        raise AudioError(path, "contains NaN or infinite sample values")
+    return data
+
+
+def _short(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return msg[-1] if msg else type(e).__name__

@@ -1,0 +1,5 @@
+import sys
+
+from rvqlm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,65 @@
+"""Atomic file writes: a reader sees either the old file or the complete new one, never a part.
+
+Every write goes to a temporary name in the destination's own folder (same filesystem), is
+flushed and fsync'ed, then renamed over the destination with `os.replace`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(dest: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
+    """Yield a temporary path next to `dest`; on success it is renamed to `dest`, on error removed.
+
+    `suffix` defaults to dest's own suffix, so format-by-extension writers (soundfile, numpy)
+    still see the right extension.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.tmp-", suffix=dest.suffix if suffix is None else suffix,
+                               dir=dest.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        _fsync_file(tmp_path)
+        os.replace(tmp_path, dest)
+        _fsync_dir(dest.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        raise
+
+
+def atomic_write_bytes(dest: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(dest) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(dest: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(dest, text.encode("utf-8"))
+
+
+def atomic_write_json(dest: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(dest, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

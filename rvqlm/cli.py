@@ -1,0 +1,47 @@
+"""The `rvqlm` command: parses arguments and calls library functions, nothing more.
+
+Each subcommand lives in `rvqlm/commands/<name>.py`, which defines `register(subparsers)`; the
+handlers import torch and the libraries lazily so `rvqlm --help` stays fast. Training commands
+hand their arguments to LightningCLI (YAML recipes in `recipes/`).
+
+User errors (bad audio, wrong checkpoint, bad option values) print one clear line and exit 2;
+set RVQLM_DEBUG=1 to see the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+COMMAND_MODULES = ("corpus", "codec", "tokenize", "lm", "generate", "demo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rvqlm", description="Audio-token language modeling: codec + LM.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"rvqlm.commands.{name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result = args.func(args)
+    except KeyboardInterrupt:
+        print("rvqlm: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
+        if os.environ.get("RVQLM_DEBUG"):
+            raise
+        print(f"rvqlm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

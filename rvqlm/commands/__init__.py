@@ -1,0 +1,1 @@
+"""One module per `rvqlm` subcommand; each defines `register(subparsers)`."""

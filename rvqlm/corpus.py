@@ -1,0 +1,134 @@
+"""The built-in real-speech corpus: Czech voice acting from Debian's `fillets-ng-data-cs`.
+
+1,882 Vorbis files, about 101 minutes, ~80 game levels, two main speakers and ~20 minor ones
+(GPL-2+). `prepare_corpus` decodes them once to 16-bit mono wav at the codec's rate and splits
+them **by level** into train / valid / test, so held-out audio never shares a scene (or a take)
+with training audio. Training code never reads the test split.
+
+Layout written::
+
+    OUT/corpus.json                 # the split, per-file durations, source and settings
+    OUT/{train,valid,test}/LEVEL/NAME.wav
+
+Writes are atomic and the job is resumable: files already converted are skipped, and
+`corpus.json` is written last, so its presence means the corpus is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from codec.audio import AudioError, load_audio, save_audio
+from rvqlm.atomic import atomic_write_json
+
+FILLETS_SOUND_DIR = Path(os.environ.get("RVQLM_FILLETS_DIR", "/usr/share/games/fillets-ng/sound"))
+DEFAULT_CORPUS_DIR = Path(os.environ.get("RVQLM_CORPUS_DIR", "data/fillets-cs-16k"))
+SPLITS = ("train", "valid", "test")
+CORPUS_VERSION = 1
+
+
+class CorpusError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    split: str
+    level: str
+    source: Path
+    relpath: str  # relative to the corpus folder, e.g. "train/airplane/let-m-divna.wav"
+
+
+def split_of_level(level_index: int) -> str:
+    """Deterministic split by the level's index in sorted order: 1 in 10 valid, 1 in 10 test."""
+    r = level_index % 10
+    return "valid" if r == 3 else "test" if r == 7 else "train"
+
+
+def list_source_files(sound_dir: Path = FILLETS_SOUND_DIR) -> list[CorpusFile]:
+    """The Czech voice files of every level, with their split. Raises CorpusError if not installed."""
+    if not sound_dir.is_dir():
+        raise CorpusError(
+            f"the built-in corpus is not installed ({sound_dir} missing). "
+            "Install it with `make system-deps` (Debian package fillets-ng-data-cs)."
+        )
+    levels = sorted(p.name for p in sound_dir.iterdir() if (p / "cs").is_dir())
+    files = []
+    for i, level in enumerate(levels):
+        split = split_of_level(i)
+        for src in sorted((sound_dir / level / "cs").glob("*.ogg")):
+            files.append(CorpusFile(split, level, src, f"{split}/{level}/{src.stem}.wav"))
+    if not files:
+        raise CorpusError(f"no Czech voice files under {sound_dir}/*/cs/")
+    return files
+
+
+def prepare_corpus(
+    out_dir: str | os.PathLike = DEFAULT_CORPUS_DIR,
+    sample_rate: int = 16000,
+    *,
+    max_files_per_split: int | None = None,
+    sound_dir: Path = FILLETS_SOUND_DIR,
+    progress: bool = True,
+) -> Path:
+    """Decode, resample and split the corpus into `out_dir`; return `out_dir`.
+
+    max_files_per_split: keep only the first N files of each split (a quick subset for tests).
+    A folder prepared with other settings is refused rather than mixed.
+    """
+    out = Path(out_dir)
+    settings = {"version": CORPUS_VERSION, "sample_rate": sample_rate, "max_files_per_split": max_files_per_split}
+    meta_path = out / "corpus.json"
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("settings") == settings:
+            return out
+        raise CorpusError(f"{out} holds a corpus prepared with {meta.get('settings')}, not {settings}; use another folder")
+    files = list_source_files(sound_dir)
+    if max_files_per_split is not None:
+        kept: dict[str, int] = {}
+        chosen = []
+        for f in files:
+            if kept.get(f.split, 0) < max_files_per_split:
+                kept[f.split] = kept.get(f.split, 0) + 1
+                chosen.append(f)
+        files = chosen
+    entries, skipped = [], []
+    for f in tqdm(files, desc="preparing corpus", unit="file", disable=not progress):
+        dest = out / f.relpath
+        try:
+            if not dest.exists():
+                save_audio(dest, load_audio(f.source, sample_rate, 1), sample_rate)
+            frames = _frames(dest)
+        except AudioError as e:
+            skipped.append({"source": str(f.source), "reason": e.reason})
+            continue
+        entries.append({"path": f.relpath, "split": f.split, "level": f.level, "source": str(f.source),
+                        "seconds": frames / sample_rate})
+    summary = {s: round(sum(e["seconds"] for e in entries if e["split"] == s) / 60, 2) for s in SPLITS}
+    atomic_write_json(meta_path, {"name": "fillets-ng-data-cs", "license": "GPL-2+", "settings": settings,
+                                  "minutes": summary, "files": entries, "skipped": skipped})
+    return out
+
+
+def corpus_files(corpus_dir: str | os.PathLike, split: str) -> list[Path]:
+    """The wav files of one split of a prepared corpus."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    corpus_dir = Path(corpus_dir)
+    meta_path = corpus_dir / "corpus.json"
+    if not meta_path.exists():
+        raise CorpusError(f"{corpus_dir} is not a prepared corpus (no corpus.json); run `rvqlm corpus prepare`")
+    meta = json.loads(meta_path.read_text())
+    return [corpus_dir / e["path"] for e in meta["files"] if e["split"] == split]
+
+
+def _frames(path: Path) -> int:
+    import soundfile as sf
+
+    return sf.info(str(path)).frames
