@@ -1,0 +1,120 @@
+"""Choosing the next token from the LM's logits: greedy, temperature, top-k, top-p.
+
+Each filter takes logits `[..., V]` and returns logits of the same shape in which the removed
+entries are `-inf` (so a following softmax gives them probability exactly 0). They compose:
+`sample_next` applies temperature, then top-k (a hard cut of the long tail), then top-p on what
+is left (a cut that adapts to the model's confidence), then samples.
+
+Ties are broken deterministically everywhere: among equal logits the LOWER token id ranks first.
+This matches `torch.argmax` (first maximal index), so `top_k=1` is exactly greedy decoding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def _rank_order(logits: torch.Tensor) -> torch.Tensor:
+    """Indices `[..., V]` sorting `logits` best first; equal logits keep ascending token id."""
+    return torch.sort(logits, dim=-1, descending=True, stable=True).indices
+
+
+def _keep_mask_from_sorted(keep_sorted: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Scatter a keep-mask given in ranked order back to token-id order."""
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the `k` highest logits along the last dim, set the rest to -inf.
+
+    logits: `[..., V]`. Exactly `min(k, V)` entries survive per row; ties at the cut keep the
+    lower token ids. `k >= V` returns an unchanged copy.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"top-k must be an integer >= 1, got {k!r}")
+    vocab = logits.shape[-1]
+    if k >= vocab:
+        return logits.clone()
+    order = _rank_order(logits)
+    keep_sorted = torch.zeros_like(logits, dtype=torch.bool)
+    keep_sorted[..., :k] = True
+    keep = _keep_mask_from_sorted(keep_sorted, order)
+    return logits.masked_fill(~keep, NEG_INF)
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus filter: keep the smallest set of top tokens whose probabilities sum to at least `p`.
+
+    logits: `[..., V]`; p in (0, 1]. Tokens are ranked by probability (ties: lower id first) and
+    a token is kept while the mass of the tokens ranked above it is still below `p`, so the most
+    probable token always survives and the kept mass is >= p. The probabilities are accumulated
+    in float64 so hand-computed boundaries (e.g. 0.5 + 0.3 vs p = 0.8) behave as on paper up to
+    float64 rounding. `p == 1` keeps everything.
+    """
+    p = float(p)
+    if not (0.0 < p <= 1.0):
+        raise ValueError(f"top-p must be in (0, 1], got {p}")
+    if p == 1.0:
+        return logits.clone()
+    order = _rank_order(logits)
+    probs = torch.softmax(logits.double(), dim=-1).gather(-1, order)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    keep_sorted = mass_before < p
+    keep_sorted[..., 0] = True
+    keep = _keep_mask_from_sorted(keep_sorted, order)
+    return logits.masked_fill(~keep, NEG_INF)
+
+
+def check_sampling_args(
+    temperature: float, top_k: int | None, top_p: float | None, greedy: bool
+) -> None:
+    """Raise ValueError with a user-facing message for an impossible decoding request."""
+    if not greedy and not (temperature > 0):
+        raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use --greedy for argmax decoding")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top-k must be an integer >= 1, got {top_k!r}")
+    if top_p is not None and not (0.0 < float(top_p) <= 1.0):
+        raise ValueError(f"top-p must be in (0, 1], got {top_p}")
+
+
+def filter_logits(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
+    """Temperature, then top-k, then top-p: the logits `sample_next` draws from. Shape `[..., V]`.
+
+    The row maximum is subtracted before dividing by the temperature, so a tiny temperature sends
+    the other logits towards -inf instead of overflowing the best one to +inf (no NaN).
+    """
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None and top_p < 1.0:
+        logits = top_p_filter(logits, top_p)
+    return logits
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick one token per row of `logits [..., V]`; returns int64 ids `[...]`.
+
+    greedy: argmax (first maximal id), ignoring temperature and the filters.
+    Otherwise sample from softmax(filter_logits(logits / temperature)); top_k=None and
+    top_p=None (or 1) disable those filters. `generator` makes the draw reproducible.
+    """
+    check_sampling_args(temperature, top_k, top_p, greedy)
+    if greedy:
+        return logits.argmax(dim=-1)
+    filtered = filter_logits(logits, temperature, top_k, top_p)
+    probs = torch.softmax(filtered, dim=-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    ids = torch.multinomial(flat, 1, generator=generator)
+    return ids.reshape(probs.shape[:-1])
