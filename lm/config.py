@@ -1,0 +1,133 @@
+"""LMConfig: every hyper-parameter of a MultiCodebookLM, validated, and round-trippable to JSON.
+
+Token ids. The LM sees N_c parallel streams of ids, one per codebook, each id in 0..|V|-1
+(codes are counted from 0, where seed 002 counts from 1). Every codebook's embedding table has
+two extra rows for special ids the heads never predict:
+
+    pad_id = |V|        padding, and positions the codebook pattern marks invalid
+    bos_id = |V| + 1    the start symbol x_0 of seed 000 (the first model input)
+
+Lengths. `max_seq_len` counts model positions, i.e. steps of the codebook pattern: with the
+delay pattern, T frames take T + N_c - 1 positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+NORMS = ("rmsnorm", "layernorm")
+FFNS = ("swiglu", "gelu", "relu")
+POSITIONS = ("rope", "sinusoidal", "learned")
+PATTERNS = ("delay", "parallel")
+
+
+@dataclass
+class LMConfig:
+    n_codebooks: int = 8
+    codebook_size: int = 1024
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None: = n_heads (plain multi-head attention); fewer: GQA
+    d_ff: int | None = None  # None: 4 d for relu/gelu, ~8/3 d (rounded up to 32) for swiglu
+    norm: str = "rmsnorm"
+    ffn: str = "swiglu"
+    pos: str = "rope"
+    max_seq_len: int = 1024
+    rope_base: float = 10000.0
+    dropout: float = 0.0
+    tie_weights: bool = False
+    pattern: str = "delay"
+    bias: bool = False
+    norm_eps: float = 1e-5
+    codec_fingerprint: str | None = None  # the codec the training tokens came from
+
+    def __post_init__(self) -> None:
+        def positive_int(name: str) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LMConfig.{name} must be a positive integer, got {value!r}")
+
+        for name in ("n_codebooks", "codebook_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
+            positive_int(name)
+        if self.n_kv_heads is not None:
+            positive_int("n_kv_heads")
+        if self.d_ff is not None:
+            positive_int("d_ff")
+        for name, value, allowed in (("norm", self.norm, NORMS), ("ffn", self.ffn, FFNS),
+                                     ("pos", self.pos, POSITIONS), ("pattern", self.pattern, PATTERNS)):
+            if value not in allowed:
+                raise ValueError(f"LMConfig.{name} must be one of {allowed}, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}): "
+                             "each head has d_v = d_model / n_heads features")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.pos == "rope" and self.head_dim % 2:
+            raise ValueError(f"RoPE rotates feature pairs, so the head dimension ({self.head_dim}) must be even")
+        if self.pos == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"the sinusoidal encoding needs an even d_model, got {self.d_model}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LMConfig.dropout must be in [0, 1), got {self.dropout}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"LMConfig.norm_eps must be > 0, got {self.norm_eps}")
+        if not self.rope_base > 1:
+            raise ValueError(f"LMConfig.rope_base must be > 1, got {self.rope_base}")
+        if self.pattern == "delay" and self.max_seq_len < self.n_codebooks:
+            raise ValueError(f"max_seq_len ({self.max_seq_len}) is too short for the delay pattern "
+                             f"over {self.n_codebooks} codebooks (needs at least n_codebooks positions)")
+
+    # ---- derived sizes -------------------------------------------------------------------------
+    @property
+    def pad_id(self) -> int:
+        return self.codebook_size
+
+    @property
+    def bos_id(self) -> int:
+        return self.codebook_size + 1
+
+    @property
+    def embedding_rows(self) -> int:
+        """Rows of each codebook's embedding table: |V| codes + pad + bos."""
+        return self.codebook_size + 2
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.ffn == "swiglu":  # two input matrices instead of one: 2/3 of 4d keeps the parameter count
+            return 32 * math.ceil(8 * self.d_model / 3 / 32)
+        return 4 * self.d_model
+
+    @property
+    def max_frames(self) -> int:
+        """The most frames whose pattern sequence fits in max_seq_len positions."""
+        return self.max_seq_len - (self.n_codebooks - 1 if self.pattern == "delay" else 0)
+
+    # ---- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LMConfig":
+        if not isinstance(data, dict):
+            raise ValueError(f"an LM config must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown LMConfig field(s): {', '.join(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as e:  # a wrong type that the comparisons in __post_init__ trip over
+            raise ValueError(f"invalid LMConfig: {e}") from e

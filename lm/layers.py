@@ -1,0 +1,224 @@
+"""Transformer building blocks, following seeds 000-002 term by term.
+
+Shapes: B batch, S positions, d = d_model, H query heads, H_kv key/value heads, Dh = d / H.
+
+* LayerNorm / RMSNorm act on each position's feature vector only (seed 000 / 002).
+* SinusoidalPositions / LearnedPositions are additive encodings H = E + P (seed 000);
+  RotaryEmbedding rotates queries and keys inside attention instead (seed 002).
+* Attention: scores q.k / sqrt(Dh), causal -inf mask, softmax, weighted values, heads
+  concatenated and projected by W_O (seed 001), through F.scaled_dot_product_attention;
+  grouped-query attention when H_kv < H (each K/V head serves H / H_kv query heads).
+* FeedForward: phi(u W1 + b1) W2 + b2 (seed 000) or SwiGLU (Swish(x W1) * (x W2)) W3 (seed 001).
+* Block: pre-norm, Z = O + FFN(Norm(O)) with O = H + MHA(Norm(H)) (seed 000).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from lm.config import LMConfig
+from lm.kv_cache import KVCache
+
+
+# ---- normalisation ------------------------------------------------------------------------------
+class LayerNorm(nn.Module):
+    """gamma * (h - mu) / sqrt(sigma^2 + eps) + beta, mu and sigma^2 over the last (feature) axis only.
+
+    [..., d] -> [..., d]. A constant vector has sigma^2 = 0 and maps to beta (seed 000).
+    """
+
+    def __init__(self, d: int, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))  # gamma
+        self.bias = nn.Parameter(torch.zeros(d)) if bias else None  # beta
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.Module):
+    """w * h / sqrt(mean(h^2) + eps) over the last axis: LayerNorm with mu = 0 and no shift (seed 002)."""
+
+    def __init__(self, d: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+def make_norm(cfg: LMConfig) -> nn.Module:
+    if cfg.norm == "layernorm":
+        return LayerNorm(cfg.d_model, cfg.norm_eps)  # beta always: "a learned scale and shift" (seed 000)
+    return RMSNorm(cfg.d_model, cfg.norm_eps)
+
+
+# ---- positions ----------------------------------------------------------------------------------
+class SinusoidalPositions(nn.Module):
+    """Fixed additive encoding: P[i, 2m] = sin(i / 10000^(2m/d)), P[i, 2m+1] = cos(i / 10000^(2m/d)).
+
+    positions [S] long -> [S, d].
+    """
+
+    def __init__(self, d: int, max_len: int, base: float = 10000.0):
+        super().__init__()
+        if d % 2:
+            raise ValueError(f"the sinusoidal encoding needs an even width, got {d}")
+        i = torch.arange(max_len, dtype=torch.float64)[:, None]
+        angle = i / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)  # [max_len, d/2]
+        table = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)  # interleave: 2m sin, 2m+1 cos
+        self.register_buffer("table", table.float(), persistent=False)
+        self.max_len = max_len
+
+    def forward(self, positions: Tensor) -> Tensor:
+        return self.table[positions]
+
+
+class LearnedPositions(nn.Module):
+    """One learned row per position up to max_len (E_pos, seed 001). positions [S] long -> [S, d]."""
+
+    def __init__(self, d: int, max_len: int):
+        super().__init__()
+        self.table = nn.Embedding(max_len, d)
+        self.max_len = max_len
+
+    def forward(self, positions: Tensor) -> Tensor:
+        return self.table(positions)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE: rotate each feature pair of queries and keys by an angle proportional to the position.
+
+    Pair m of a head vector is (x[m], x[m + Dh/2]) (the "rotate-half" layout), rotated by the angle
+    p * theta_m with theta_m = base^(-2m/Dh). Rotations preserve norms, and R(p)^T R(a) = R(a - p),
+    so (R(p) q) . (R(a) k) depends on the positions only through a - p.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """positions [S] long -> cos, sin [S, Dh] (angles in float64, so large positions stay exact)."""
+        angle = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]  # [S, Dh/2]
+        angle = torch.cat([angle, angle], dim=-1)
+        return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, H, S, Dh], cos/sin [S, Dh] -> x rotated pairwise, same shape."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated_half = torch.cat([-x2, x1], dim=-1)
+    return x * cos + rotated_half * sin
+
+
+# ---- attention ----------------------------------------------------------------------------------
+class Attention(nn.Module):
+    """Multi-head causal self-attention with optional grouped-query K/V heads and a KV cache.
+
+    x [B, S, d] -> [B, S, d]. W_Q, W_K, W_V are fused into one `qkv` projection of width
+    (H + 2 H_kv) Dh; W_O (`out`) maps the concatenated heads [B, S, H Dh = d] back to d.
+    """
+
+    def __init__(self, cfg: LMConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.head_dim, bias=cfg.bias)
+        self.out = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=cfg.bias)
+        self.attn_dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, cache: KVCache | None = None,
+                mask: Tensor | None = None) -> Tensor:
+        """rope: (cos, sin) [S, Dh] for the S positions of x, or None.
+        mask: [S, K] bool (True = may attend) or None for the plain causal mask (K = S) or, with a
+        cache, for "every returned key is visible".
+        """
+        q, k, v = self.qkv(x).split(
+            [self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim], dim=-1)
+        q = rearrange(q, "b s (h d) -> b h s d", d=self.head_dim)
+        k = rearrange(k, "b s (h d) -> b h s d", d=self.head_dim)
+        v = rearrange(v, "b s (h d) -> b h s d", d=self.head_dim)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # keys are cached already rotated
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)
+        causal = cache is None and mask is None
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal,
+            dropout_p=self.attn_dropout if self.training else 0.0,
+            enable_gqa=self.n_kv_heads != self.n_heads,
+        )  # [B, H, S, Dh]; softmax(q k^T / sqrt(Dh) + mask) v
+        y = rearrange(y, "b h s d -> b s (h d)")  # concatenate the heads
+        return self.resid_dropout(self.out(y))
+
+
+# ---- feed-forward -------------------------------------------------------------------------------
+class FeedForward(nn.Module):
+    """phi(u W1 + b1) W2 + b2 applied to every position, phi = ReLU or GELU. [B, S, d] -> [B, S, d]."""
+
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
+        self.act = nn.ReLU() if cfg.ffn == "relu" else nn.GELU()
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.w2(self.act(self.w1(x))))
+
+
+class SwiGLU(nn.Module):
+    """(Swish(x W1 + b1) * (x W2 + b2)) W3 + b3 with Swish = SiLU (beta = 1). [B, S, d] -> [B, S, d]."""
+
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)  # gate
+        self.w2 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)  # value
+        self.w3 = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)  # back to d
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.w3(F.silu(self.w1(x)) * self.w2(x)))
+
+
+def make_ffn(cfg: LMConfig) -> nn.Module:
+    return SwiGLU(cfg) if cfg.ffn == "swiglu" else FeedForward(cfg)
+
+
+# ---- block --------------------------------------------------------------------------------------
+class Block(nn.Module):
+    """Pre-norm transformer block: O = H + MHA(Norm(H)); Z = O + FFN(Norm(O)). [B, S, d] -> [B, S, d]."""
+
+    def __init__(self, cfg: LMConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm = make_norm(cfg)
+        self.attn = Attention(cfg, layer_idx)
+        self.ffn_norm = make_norm(cfg)
+        self.ffn = make_ffn(cfg)
+
+    def forward(self, h: Tensor, rope: tuple[Tensor, Tensor] | None = None, cache: KVCache | None = None,
+                mask: Tensor | None = None) -> Tensor:
+        o = h + self.attn(self.attn_norm(h), rope, cache, mask)
+        return o + self.ffn(self.ffn_norm(o))
+
+
+def residual_projections(block: Block) -> list[nn.Linear]:
+    """The layers that write into the residual stream (scaled at init, GPT-2 style)."""
+    ffn_out = block.ffn.w3 if isinstance(block.ffn, SwiGLU) else block.ffn.w2
+    return [block.attn.out, ffn_out]
+
+
+def init_std(n_layers: int, residual: bool) -> float:
+    return 0.02 / math.sqrt(2 * n_layers) if residual else 0.02

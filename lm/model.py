@@ -1,0 +1,333 @@
+"""MultiCodebookLM: a decoder-only transformer over N_c parallel token streams.
+
+    tokens [B, N_c, S] ids (pattern space, specials included)
+      -> sum over codebooks of E_c[tokens[:, c]]           [B, S, d]   (N_c embedding tables, summed)
+      (+ P[positions] for sinusoidal / learned encodings)
+      -> n_layers pre-norm blocks (RoPE inside attention) -> final norm
+      -> N_c heads, head c: [B, S, d] -> [B, S, |V|]        stacked: [B, N_c, S, |V|]
+
+Training (seed 000, next-token prediction): frames [B, N_c, T] are laid out by the codebook
+pattern into seq [B, N_c, S]; the inputs are [bos, seq[..., :-1]] (the targets shifted right by
+one) and the targets are seq. Padding and pattern-invalid positions are left out of both the
+sum and the count of the loss.
+
+The model knows nothing about audio: a codec fingerprint travels in the config only so that
+tokens from another codec can be refused by the code that loads both.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from lm.config import LMConfig
+from lm.kv_cache import KVCache
+from lm.layers import (Block, LayerNorm, LearnedPositions, RMSNorm, RotaryEmbedding, SinusoidalPositions, init_std, make_norm,
+                       residual_projections)
+from lm.patterns import CodebookPattern, get_pattern
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+MODEL_TYPE = "rvqlm.MultiCodebookLM"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class LMLoss:
+    """loss: mean NLL (nats) over all valid targets of all codebooks (a scalar, differentiable).
+    nll_sum [N_c]: summed NLL per codebook; count [N_c]: valid targets per codebook (long)."""
+
+    loss: Tensor
+    nll_sum: Tensor
+    count: Tensor
+
+    def per_codebook(self) -> Tensor:
+        """[N_c] mean NLL per codebook (nan where a codebook has no valid target)."""
+        return self.nll_sum.detach() / self.count
+
+    def perplexity(self) -> Tensor:
+        """exp(mean cross-entropy) over all valid targets (seed 001)."""
+        return self.loss.detach().exp()
+
+
+class MultiCodebookLM(nn.Module):
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        if not isinstance(cfg, LMConfig):
+            raise TypeError(f"MultiCodebookLM needs an LMConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.pattern: CodebookPattern = get_pattern(cfg.pattern, cfg.n_codebooks)
+        # All N_c tables live in one embedding of N_c * (|V| + 2) rows; codebook c's table is the
+        # slice starting at c * (|V| + 2) (see `codebook_table`). One gather then embeds all streams.
+        self.token_embedding = nn.Embedding(cfg.n_codebooks * cfg.embedding_rows, cfg.d_model)
+        self.register_buffer("codebook_offsets", torch.arange(cfg.n_codebooks) * cfg.embedding_rows,
+                             persistent=False)
+        self.pos_embedding: nn.Module | None = None
+        self.rope: RotaryEmbedding | None = None
+        if cfg.pos == "sinusoidal":
+            self.pos_embedding = SinusoidalPositions(cfg.d_model, cfg.max_seq_len)
+        elif cfg.pos == "learned":
+            self.pos_embedding = LearnedPositions(cfg.d_model, cfg.max_seq_len)
+        else:
+            self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.final_norm = make_norm(cfg)
+        # Head c maps [.., d] to |V| logits: weight [N_c, |V|, d]. Tied: codebook c's table, first |V| rows.
+        self.head_weight = None if cfg.tie_weights else nn.Parameter(
+            torch.empty(cfg.n_codebooks, cfg.codebook_size, cfg.d_model))
+        self.reset_parameters()
+
+    # ---- parameters ------------------------------------------------------------------------------
+    def reset_parameters(self) -> None:
+        """GPT-2 style: N(0, 0.02) for weights and embeddings, zero biases, unit norm gains, and the
+        projections that write into the residual stream scaled by 1 / sqrt(2 n_layers)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=init_std(self.cfg.n_layers, residual=False))
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+            elif isinstance(module, (LayerNorm, RMSNorm)):
+                nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        for block in self.blocks:
+            for proj in residual_projections(block):
+                nn.init.normal_(proj.weight, std=init_std(self.cfg.n_layers, residual=True))
+        if self.head_weight is not None:
+            nn.init.normal_(self.head_weight, std=0.02)
+
+    def codebook_table(self, c: int) -> Tensor:
+        """Codebook c's embedding table W_E^(c): [|V| + 2, d] (a view of the shared weight)."""
+        rows = self.cfg.embedding_rows
+        return self.token_embedding.weight[c * rows:(c + 1) * rows]
+
+    def head_weights(self) -> Tensor:
+        """[N_c, |V|, d]: head c gives logits h @ W[c]^T. Tied: each codebook's table without its specials."""
+        if self.head_weight is not None:
+            return self.head_weight
+        w = rearrange(self.token_embedding.weight, "(c r) d -> c r d", c=self.cfg.n_codebooks)
+        return w[:, :self.cfg.codebook_size]
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Trainable parameters (each shared tensor once). exclude_embeddings drops the token and learned
+        position tables (tied heads then count nothing: they are the token table)."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.token_embedding.weight.numel()
+            if isinstance(self.pos_embedding, LearnedPositions):
+                n -= self.pos_embedding.table.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs (forward + backward) per model position, i.e. per frame of N_c tokens.
+
+        6 N for the N parameters used in matrix products (blocks and heads, tied or not; embedding
+        lookups are gathers and cost none), plus the attention scores and weighted values,
+        12 n_layers d S per position for a context of S (default max_seq_len), as in PaLM's MFU.
+        """
+        cfg = self.cfg
+        s = cfg.max_seq_len if seq_len is None else seq_len
+        matmul_params = sum(p.numel() for name, p in self.blocks.named_parameters() if p.dim() == 2)
+        matmul_params += cfg.n_codebooks * cfg.codebook_size * cfg.d_model
+        return 6 * matmul_params + 12 * cfg.n_layers * cfg.d_model * s
+
+    @property
+    def device(self) -> torch.device:
+        return self.token_embedding.weight.device
+
+    # ---- forward ---------------------------------------------------------------------------------
+    def embed(self, tokens: Tensor) -> Tensor:
+        """tokens [B, N_c, S] -> summed embeddings [B, S, d]: sum_c E_c[tokens[:, c]]."""
+        rows = tokens + self.codebook_offsets[None, :, None]
+        return self.token_embedding(rows).sum(dim=1)
+
+    def forward(self, tokens: Tensor, cache: KVCache | None = None, window: int | None = None) -> Tensor:
+        """tokens [B, N_c, S] ids in 0..|V|+1 -> logits [B, N_c, S, |V|].
+
+        Without a cache, positions are 0..S-1 and attention is causal (or, with `window`, sliding:
+        each position sees itself and the window - 1 before it). With a cache, the S tokens continue
+        the cached sequence at its next absolute positions and their keys/values are stored.
+        """
+        cfg = self.cfg
+        if tokens.dim() != 3 or tokens.shape[1] != cfg.n_codebooks:
+            raise ValueError(f"tokens must have shape [B, {cfg.n_codebooks}, S], got {tuple(tokens.shape)}")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be integer ids, got {tokens.dtype}")
+        b, _, s = tokens.shape
+        if s == 0:
+            raise ValueError("tokens must hold at least one position")
+        if bool(((tokens < 0) | (tokens >= cfg.embedding_rows)).any()):
+            raise ValueError(f"token ids must be in 0..{cfg.embedding_rows - 1} (codes 0..{cfg.codebook_size - 1}, "
+                             f"pad {cfg.pad_id}, bos {cfg.bos_id})")
+        if cache is None:
+            if s > cfg.max_seq_len:
+                raise ValueError(f"{s} positions exceed the model's context max_seq_len={cfg.max_seq_len}")
+            positions = torch.arange(s, device=tokens.device)
+            mask = None
+            if window is not None:
+                if window < 1:
+                    raise ValueError(f"window must be >= 1, got {window}")
+                offset = positions[:, None] - positions[None, :]
+                mask = (offset >= 0) & (offset < window)
+        else:
+            if window is not None:
+                raise ValueError("window applies to a full forward; a ring cache has its own (max_len)")
+            if cache.batch_size != b or cache.n_layers != cfg.n_layers:
+                raise ValueError(f"cache is for batch {cache.batch_size} and {cache.n_layers} layers, "
+                                 f"tokens have batch {b} and the model {cfg.n_layers} layers")
+            if self.rope is None and cache.length + s > cfg.max_seq_len:
+                raise ValueError(f"position {cache.length + s - 1} is past the {cfg.pos} encoding's "
+                                 f"max_seq_len={cfg.max_seq_len}")
+            positions, mask = cache.begin(s)
+
+        h = self.embed(tokens)
+        if self.pos_embedding is not None:
+            h = h + self.pos_embedding(positions)
+        h = self.dropout(h)
+        rope = self.rope.cos_sin(positions, h.dtype) if self.rope is not None else None
+        for block in self.blocks:
+            h = block(h, rope, cache, mask)
+        h = self.final_norm(h)
+        return torch.einsum("bsd,cvd->bcsv", h, self.head_weights().to(h.dtype))
+
+    def new_cache(self, batch_size: int, max_len: int | None = None, ring: bool = False,
+                  dtype: torch.dtype | None = None) -> KVCache:
+        """A KV cache for up to max_len positions (default max_seq_len), allocated now on the model's device.
+
+        ring=True keeps a sliding window of the last max_len positions and never fills up; it needs
+        RoPE (see lm.kv_cache for why it is exact there and impossible with additive encodings).
+        """
+        cfg = self.cfg
+        max_len = cfg.max_seq_len if max_len is None else max_len
+        if not isinstance(max_len, int) or not 1 <= max_len <= cfg.max_seq_len:
+            raise ValueError(f"cache max_len must be in 1..max_seq_len={cfg.max_seq_len}, got {max_len!r}")
+        if ring and self.rope is None:
+            raise ValueError(f"a ring (sliding-window) KV cache needs RoPE; this model uses {cfg.pos} positions, "
+                             "which are baked into the cached keys: recompute over the last window instead")
+        return KVCache(cfg.n_layers, batch_size, cfg.kv_heads, cfg.head_dim, max_len, ring=ring,
+                       device=self.device, dtype=dtype or self.token_embedding.weight.dtype)
+
+    # ---- likelihood ------------------------------------------------------------------------------
+    def _check_codes(self, codes: Tensor, frame_mask: Tensor | None) -> None:
+        cfg = self.cfg
+        if codes.dim() != 3 or codes.shape[1] != cfg.n_codebooks:
+            raise ValueError(f"codes must have shape [B, {cfg.n_codebooks}, T], got {tuple(codes.shape)}")
+        if codes.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise ValueError(f"codes must be integers, got {codes.dtype}")
+        if codes.shape[-1] < 1:
+            raise ValueError("codes must hold at least one frame")
+        if bool(((codes < 0) | (codes >= cfg.codebook_size)).any()):
+            raise ValueError(f"codes must be in 0..{cfg.codebook_size - 1} (codebook_size={cfg.codebook_size})")
+        if self.pattern.sequence_length(codes.shape[-1]) > cfg.max_seq_len:
+            raise ValueError(f"{codes.shape[-1]} frames take {self.pattern.sequence_length(codes.shape[-1])} "
+                             f"positions with the {cfg.pattern} pattern, more than max_seq_len={cfg.max_seq_len} "
+                             f"(at most {cfg.max_frames} frames)")
+        if frame_mask is not None:
+            if frame_mask.dtype != torch.bool or frame_mask.shape != (codes.shape[0], codes.shape[-1]):
+                raise ValueError(f"frame_mask must be bool [B, T] = {[codes.shape[0], codes.shape[-1]]}, "
+                                 f"got {frame_mask.dtype} {list(frame_mask.shape)}")
+            if bool((frame_mask[:, 1:] & ~frame_mask[:, :-1]).any()):
+                raise ValueError("frame_mask must mark padding at the end of each row only "
+                                 "(True frames first, then False): the model reads left to right")
+
+    def _token_nll(self, codes: Tensor, frame_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """-> nll [B, N_c, S] (0 at invalid targets), valid [B, N_c, S] bool."""
+        self._check_codes(codes, frame_mask)
+        seq, valid = self.pattern.build(codes.long(), frame_mask, fill_id=self.cfg.pad_id)
+        inputs = torch.cat([torch.full_like(seq[..., :1], self.cfg.bos_id), seq[..., :-1]], dim=-1)
+        logits = self(inputs)  # [B, N_c, S, |V|]
+        targets = seq.masked_fill(~valid, -100)
+        nll = F.cross_entropy(rearrange(logits, "b c s v -> (b c s) v").float(), targets.flatten(),
+                              ignore_index=-100, reduction="none")
+        return nll.view_as(seq), valid
+
+    def loss(self, codes: Tensor, frame_mask: Tensor | None = None) -> LMLoss:
+        """codes [B, N_c, T] in 0..|V|-1, frame_mask [B, T] bool (False = padding, at row ends)
+        -> LMLoss: mean next-token NLL over the valid targets of all codebooks (nats/token)."""
+        nll, valid = self._token_nll(codes, frame_mask)
+        nll_sum = nll.sum(dim=(0, 2))
+        count = valid.sum(dim=(0, 2))
+        return LMLoss(loss=nll_sum.sum() / count.sum().clamp(min=1), nll_sum=nll_sum, count=count)
+
+    def log_likelihood(self, codes: Tensor, frame_mask: Tensor | None = None) -> Tensor:
+        """[B] summed NLL in nats over the valid positions of each sequence (the pattern handled inside)."""
+        nll, _ = self._token_nll(codes, frame_mask)
+        return nll.sum(dim=(1, 2))
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Write folder `path`: config.json (the LMConfig) + model.safetensors (weights), each atomically.
+
+        The weights file carries the config in its metadata too, so a folder mixing two saves is caught.
+        """
+        from safetensors.torch import save_file
+
+        from rvqlm.atomic import atomic_path, atomic_write_json
+
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{path} exists and is not a folder")
+        path.mkdir(parents=True, exist_ok=True)
+        config = {"model_type": MODEL_TYPE, "format_version": FORMAT_VERSION, "config": self.cfg.to_dict()}
+        config_json = json.dumps(config, sort_keys=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        with atomic_path(path / WEIGHTS_FILE) as tmp:
+            save_file(state, str(tmp), metadata={"rvqlm_config": config_json})
+        atomic_write_json(path / CONFIG_FILE, config)
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "MultiCodebookLM":
+        """Load a folder written by save_pretrained. Raises FileNotFoundError / ValueError with the reason."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file, safe_open
+
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"no LM folder at {path}")
+        config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
+        for f in (config_path, weights_path):
+            if not f.is_file():
+                raise FileNotFoundError(f"{path} is not an LM folder: {f.name} is missing "
+                                        "(expected config.json + model.safetensors from save_pretrained)")
+        try:
+            config = json.loads(config_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{config_path} is not valid JSON: {e}") from e
+        if not isinstance(config, dict) or config.get("model_type") != MODEL_TYPE:
+            raise ValueError(f"{config_path} does not describe an rvqlm LM (model_type "
+                             f"{config.get('model_type') if isinstance(config, dict) else None!r})")
+        if config.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{config_path} has format_version {config.get('format_version')!r}; "
+                             f"this rvqlm reads version {FORMAT_VERSION}")
+        cfg = LMConfig.from_dict(config.get("config"))
+        try:
+            with safe_open(str(weights_path), framework="pt") as f:
+                saved_config = (f.metadata() or {}).get("rvqlm_config")
+            state = load_file(str(weights_path), device=str(map_location))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{weights_path} is not a readable safetensors file: {e}") from e
+        if saved_config is not None and json.loads(saved_config) != config:
+            raise ValueError(f"{config_path} and {weights_path.name} come from different saves; save the model again")
+        model = cls(cfg)
+        expected = model.state_dict()
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise ValueError(f"{weights_path} does not match its config: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+        for name, tensor in state.items():
+            if tensor.shape != expected[name].shape:
+                raise ValueError(f"{weights_path}: {name} has shape {tuple(tensor.shape)}, "
+                                 f"the config needs {tuple(expected[name].shape)}")
+        model.load_state_dict(state)
+        return model.to(map_location)
