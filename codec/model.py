@@ -1,0 +1,369 @@
+"""The codec: SEANet encoder -> residual vector quantizer -> SEANet decoder.
+
+    codes = codec.encode(wav)    # wav [B, C, S] at codec.sample_rate -> LongTensor [B, N_c, ceil(S / hop)]
+    wav = codec.decode(codes)    # codes [B, k, T], 1 <= k <= N_c   -> [B, C, T * hop]
+
+A saved codec is a folder holding `config.json` (the `CodecConfig` fields) and
+`model.safetensors` (every parameter and buffer, quantizer EMA statistics included), optionally
+`discriminator.safetensors` for adversarial fine-tuning. Nothing is ever unpickled.
+`codec.fingerprint()` is a sha256 of the config and the weights: files made with one codec (`.rvq`
+files, token shards, language models) record it, so they are never decoded with another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from codec.discriminator import save_discriminator
+from codec.modules import SEANetDecoder, SEANetEncoder
+from codec.quantizer import QuantizerOutput, ResidualVectorQuantizer
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+DISCRIMINATOR_NAME = "discriminator.safetensors"
+FORMAT_NAME = "rvqlm-codec"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    """Architecture and quantizer settings. The defaults are the project's default codec.
+
+    16 kHz mono, hop 320 (strides 4*4*5*4) -> 50 frames/s; 8 codebooks of 1024 -> 4 kbps.
+    The encoder is deliberately light (8 base channels: it must tokenize >= 100x real time on a
+    2-core CPU; a first stride of 4 keeps the costly full-rate layers few) and the decoder heavier
+    (32 base channels), as SoundStream found that decoder capacity matters more. `causal` puts all
+    padding on the left in encoder and decoder: a prefix encodes to the same first frames as the
+    whole file, so prompts and streaming chunks get exactly the tokens the full file would.
+    """
+
+    sample_rate: int = 16000
+    channels: int = 1
+    strides: tuple[int, ...] = (4, 4, 5, 4)
+    encoder_channels: int = 8
+    decoder_channels: int = 32
+    latent_dim: int = 64
+    dilations: tuple[int, ...] = (1, 3, 9)
+    kernel_size: int = 7
+    residual_kernel_size: int = 3
+    last_kernel_size: int = 7
+    compress: int = 2
+    causal: bool = True
+    n_codebooks: int = 8
+    codebook_size: int = 1024
+    ema_decay: float = 0.99
+    kmeans_init: bool = True
+    kmeans_iters: int = 10
+    dead_code_threshold: float = 2.0
+    quantizer_dropout: float = 1.0
+    commitment_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        # Accept lists (JSON, YAML) for the tuple fields, and keep the dataclass hashable.
+        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
+        object.__setattr__(self, "dilations", tuple(int(d) for d in self.dilations))
+        positive = ("sample_rate", "channels", "encoder_channels", "decoder_channels", "latent_dim", "kernel_size",
+                    "residual_kernel_size", "last_kernel_size", "compress", "n_codebooks", "codebook_size")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"CodecConfig.{name} must be a positive integer, got {value!r}")
+        if not self.strides or any(s < 1 for s in self.strides):
+            raise ValueError(f"CodecConfig.strides must be positive integers, got {self.strides}")
+        if any(d < 1 for d in self.dilations):
+            raise ValueError(f"CodecConfig.dilations must be positive integers, got {self.dilations}")
+        if self.codebook_size < 2:
+            raise ValueError(f"CodecConfig.codebook_size must be >= 2, got {self.codebook_size}")
+        if self.sample_rate % self.hop_length:
+            raise ValueError(f"sample_rate {self.sample_rate} is not a multiple of hop_length {self.hop_length}; "
+                             "frame_rate would not be an integer")
+
+    @property
+    def hop_length(self) -> int:
+        return math.prod(self.strides)
+
+    @property
+    def frame_rate(self) -> int:
+        return self.sample_rate // self.hop_length
+
+    @property
+    def bitrate_kbps(self) -> float:
+        """Bitrate with all N_c codebooks, counting ceil(log2 |V|) bits per code."""
+        return self.n_codebooks * math.ceil(math.log2(self.codebook_size)) * self.frame_rate / 1000
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["strides"], d["dilations"] = list(self.strides), list(self.dilations)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, source: str = "config") -> "CodecConfig":
+        """Build from a dict, refusing unknown keys by name (a typo must not silently become a default)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: expected a JSON object of codec settings, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown codec config keys {unknown}; known keys: {sorted(known)}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise ValueError(f"{source}: invalid codec config ({e})") from None
+
+
+@dataclass
+class CodecOutput:
+    """What `Codec.forward` returns (training path, with gradients).
+
+    audio: [B, C, S] reconstruction, trimmed to the input length.
+    quantizer: the QuantizerOutput (codes [B, k, T], commit_loss, usage metrics).
+    latent: [B, D, T] encoder output before quantization.
+    """
+
+    audio: torch.Tensor
+    quantizer: QuantizerOutput
+    latent: torch.Tensor = field(repr=False)
+
+
+class Codec(nn.Module):
+    """Encoder + residual vector quantizer + decoder. See the module docstring for the API."""
+
+    def __init__(self, config: CodecConfig | None = None):
+        super().__init__()
+        self.config = config = config or CodecConfig()
+        common = dict(channels=config.channels, latent_dim=config.latent_dim, strides=config.strides,
+                      dilations=config.dilations, kernel_size=config.kernel_size,
+                      residual_kernel_size=config.residual_kernel_size, last_kernel_size=config.last_kernel_size,
+                      compress=config.compress, causal=config.causal)
+        self.encoder = SEANetEncoder(base_channels=config.encoder_channels, **common)
+        self.quantizer = ResidualVectorQuantizer(
+            config.latent_dim, config.n_codebooks, config.codebook_size, decay=config.ema_decay,
+            kmeans_init=config.kmeans_init, kmeans_iters=config.kmeans_iters,
+            dead_code_threshold=config.dead_code_threshold, quantizer_dropout=config.quantizer_dropout,
+            commitment_weight=config.commitment_weight)
+        self.decoder = SEANetDecoder(base_channels=config.decoder_channels, **common)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    @property
+    def channels(self) -> int:
+        return self.config.channels
+
+    @property
+    def hop_length(self) -> int:
+        return self.config.hop_length
+
+    @property
+    def frame_rate(self) -> int:
+        return self.config.frame_rate
+
+    @property
+    def n_codebooks(self) -> int:
+        return self.config.n_codebooks
+
+    @property
+    def codebook_size(self) -> int:
+        return self.config.codebook_size
+
+    @property
+    def causal(self) -> bool:
+        return self.config.causal
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def frame_span(self) -> tuple[int, int]:
+        """(lo, hi): frame t's codes depend exactly on samples t * hop + lo ... t * hop + hi (lo <= 0).
+
+        -lo samples of past context, hi - hop + 1 of look-ahead (0 when causal). Anything outside
+        is zero padding at the signal's edges.
+        """
+        return self.encoder.frame_span()
+
+    @property
+    def receptive_field(self) -> int:
+        """How many input samples one frame's codes depend on (past context + the frame + look-ahead)."""
+        lo, hi = self.frame_span
+        return hi - lo + 1
+
+    def bitrate_kbps(self, n_q: float | None = None) -> float:
+        n_q = self.n_codebooks if n_q is None else n_q
+        return n_q * math.ceil(math.log2(self.codebook_size)) * self.frame_rate / 1000
+
+    # ------------------------------------------------------------------ training path
+
+    def pad_to_hop(self, wav: torch.Tensor) -> torch.Tensor:
+        """Zero-pad [..., S] on the right to a multiple of hop_length."""
+        extra = (-wav.shape[-1]) % self.hop_length
+        return torch.nn.functional.pad(wav, (0, extra)) if extra else wav
+
+    def forward(self, wav: torch.Tensor, n_q: int | None = None) -> CodecOutput:
+        """Training / evaluation pass with gradients. wav [B, C, S] -> CodecOutput (audio [B, C, S]).
+
+        In train mode the quantizer updates its codebooks and applies quantizer dropout (unless n_q
+        is given); in eval mode it uses n_q (default all) codebooks.
+        """
+        self._check_wav(wav)
+        length = wav.shape[-1]
+        latent = self.encoder(self.pad_to_hop(wav))
+        q = self.quantizer(latent, n_q=n_q)
+        audio = self.decoder(q.quantized)[..., :length]
+        return CodecOutput(audio=audio, quantizer=q, latent=latent)
+
+    # ------------------------------------------------------------------ inference API
+
+    @torch.inference_mode()
+    def encode(self, wav: torch.Tensor, n_q: int | None = None) -> torch.Tensor:
+        """wav [B, C, S] float at `sample_rate` -> LongTensor [B, n_q (default N_c), ceil(S / hop)].
+
+        The input is moved to the codec's device and zero-padded on the right to a whole frame.
+        """
+        self._check_wav(wav)
+        wav = self.pad_to_hop(wav.to(self.device, torch.float32))
+        return self.quantizer.encode(self.encoder(wav), n_q=n_q)
+
+    @torch.inference_mode()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, k, T] with 1 <= k <= N_c, values in 0..|V|-1 -> wav [B, C, T * hop] float."""
+        if not isinstance(codes, torch.Tensor) or codes.dim() != 3:
+            shape = tuple(codes.shape) if isinstance(codes, torch.Tensor) else type(codes).__name__
+            raise ValueError(f"decode expects codes shaped [B, k, T], got {shape}")
+        if codes.shape[-1] == 0 or codes.shape[0] == 0:
+            raise ValueError(f"decode got an empty code tensor of shape {tuple(codes.shape)}")
+        return self.decoder(self.quantizer.decode(codes.to(self.device)))
+
+    def _check_wav(self, wav: torch.Tensor) -> None:
+        if not isinstance(wav, torch.Tensor):
+            raise ValueError(f"expected a waveform tensor [B, C, S], got {type(wav).__name__}")
+        if wav.dim() != 3:
+            raise ValueError(f"expected a waveform shaped [B, C, S] (batch, channels, samples), got {tuple(wav.shape)}")
+        if wav.shape[1] != self.channels:
+            raise ValueError(f"this codec takes {self.channels}-channel audio, got {wav.shape[1]} channels "
+                             f"(shape {tuple(wav.shape)})")
+        if wav.shape[0] == 0 or wav.shape[-1] == 0:
+            raise ValueError(f"empty waveform of shape {tuple(wav.shape)}")
+        if not wav.is_floating_point():
+            raise ValueError(f"expected float samples in [-1, 1], got dtype {wav.dtype}")
+        if not torch.isfinite(wav).all():
+            raise ValueError("waveform contains NaN or infinite samples")
+
+    # ------------------------------------------------------------------ persistence
+
+    def fingerprint(self) -> str:
+        """sha256 hex of the config JSON and every tensor of the state_dict (name, dtype, shape, bytes)."""
+        h = hashlib.sha256()
+        h.update(json.dumps(self.config.to_dict(), sort_keys=True).encode())
+        for name, tensor in sorted(self.state_dict().items()):
+            t = tensor.detach().to("cpu").contiguous()
+            h.update(f"\n{name}:{t.dtype}:{tuple(t.shape)}\n".encode())
+            h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        return h.hexdigest()
+
+    def save_pretrained(self, path: str | os.PathLike, discriminator: nn.Module | None = None) -> Path:
+        """Write `config.json` + `model.safetensors` (+ `discriminator.safetensors`) to folder `path`.
+
+        Atomic: everything is written to a temporary sibling folder that is then renamed into
+        place, so `path` never holds a half-written codec. An existing `path` is replaced only if it
+        holds nothing but a saved codec's files.
+        """
+        dest = Path(path)
+        if dest.exists():
+            if not dest.is_dir():
+                raise FileExistsError(f"{dest} exists and is not a folder")
+            foreign = sorted(p.name for p in dest.iterdir() if p.name not in (CONFIG_NAME, WEIGHTS_NAME, DISCRIMINATOR_NAME))
+            if foreign:
+                raise FileExistsError(f"refusing to replace {dest}: it holds files that are not a saved codec {foreign}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        try:
+            config = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **self.config.to_dict()}
+            (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+            save_file(_cpu_state(self), str(tmp / WEIGHTS_NAME), metadata={"fingerprint": self.fingerprint()})
+            if discriminator is not None:
+                save_discriminator(discriminator, tmp / DISCRIMINATOR_NAME)
+            old = None
+            if dest.exists():
+                old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+                os.replace(dest, old)
+            os.replace(tmp, dest)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return dest
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu") -> "Codec":
+        """Load a folder written by `save_pretrained`. Clear errors for every way it can be wrong."""
+        folder = Path(path)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"no codec folder at {folder}")
+        config_path, weights_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
+        for p in (config_path, weights_path):
+            if not p.is_file():
+                raise FileNotFoundError(f"{folder} is not a saved codec: {p.name} is missing")
+        try:
+            raw = json.loads(config_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{config_path}: not valid JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{config_path}: expected a JSON object")
+        fmt, version = raw.pop("format", FORMAT_NAME), raw.pop("format_version", FORMAT_VERSION)
+        if fmt != FORMAT_NAME:
+            raise ValueError(f"{config_path}: format {fmt!r} is not {FORMAT_NAME!r}")
+        if version != FORMAT_VERSION:
+            raise ValueError(f"{config_path}: codec format version {version} is not supported "
+                             f"(this rvqlm reads version {FORMAT_VERSION})")
+        config = CodecConfig.from_dict(raw, source=str(config_path))
+        model = cls(config)
+        try:
+            state = load_file(str(weights_path), device="cpu")
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ValueError(f"{weights_path}: not a readable safetensors file ({e})") from None
+        _check_state(model.state_dict(), state, weights_path)
+        model.load_state_dict(state, strict=True)
+        return model.to(map_location).eval()
+
+
+def _cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
+
+
+def _check_state(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor], source: Path) -> None:
+    """Compare a loaded state dict with the model's; raise one ValueError listing every problem."""
+    problems = []
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    if missing:
+        problems.append(f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    if unexpected:
+        problems.append(f"unexpected tensors {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    for name in sorted(set(expected) & set(found)):
+        if expected[name].shape != found[name].shape:
+            problems.append(f"{name} has shape {tuple(found[name].shape)}, the config needs {tuple(expected[name].shape)}")
+        elif expected[name].dtype != found[name].dtype:
+            problems.append(f"{name} has dtype {found[name].dtype}, expected {expected[name].dtype}")
+    if problems:
+        raise ValueError(f"{source} does not match its config.json: " + "; ".join(problems[:8]))
+
