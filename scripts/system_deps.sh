@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian packages rvqlm's corpus, tests and benchmarks need, only if missing.
+# Installs the Debian packages rvqlm's corpus, tests and benchmarks need, only if missing:
+# the built-in corpus (fillets-ng-data-cs), wav prompts (alsa-utils), ffmpeg (reference codecs),
+# chromium + chromium-driver (the listening-report test opens the page in a real browser).
 set -euo pipefail
 need=()
-for pkg in fillets-ng-data-cs alsa-utils ffmpeg; do
+for pkg in fillets-ng-data-cs alsa-utils ffmpeg chromium chromium-driver; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 [ ${#need[@]} -eq 0 ] && exit 0
