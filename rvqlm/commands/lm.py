@@ -1,9 +1,105 @@
-"""`rvqlm lm` subcommands (being built)."""
+"""`rvqlm train-lm` and `rvqlm eval-lm`: train the token LM from a recipe, score it on held-out tokens.
+
+    rvqlm train-lm --config recipes/lm_speech.yaml [--trainer.max_steps 2000] [--ckpt_path last]
+    rvqlm eval-lm --lm runs/lm_speech/pretrained --tokens data/tokens/fillets-cs-16k --split valid
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+
+TRAIN_HELP = """Train the LM through LightningCLI `fit`. Every argument goes to LightningCLI:
+  --config RECIPE.yaml (recipes/lm_tiny.yaml, recipes/lm_speech.yaml), overrides such as
+  --trainer.max_steps 500 or --data.tokens_dir DIR, --ckpt_path last to resume the run in
+  trainer.default_root_dir, --print_config to see the full configuration, --help for all options."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    return None
+    # prefix_chars="\0": nothing here is an option of ours, so every argument (--help included)
+    # reaches LightningCLI unchanged.
+    train = sub.add_parser("train-lm", help="train the token LM from a YAML recipe (LightningCLI fit)",
+                           description=TRAIN_HELP, prefix_chars="\0", add_help=False)
+    train.add_argument("lightning_args", nargs="*")
+    train.set_defaults(func=_train)
+
+    ev = sub.add_parser("eval-lm", help="held-out NLL per codebook (nats/token) of a trained LM",
+                        description="Score an LM on every frame of one split of a token folder: NLL per "
+                                    "codebook in nats/token, perplexity, and optionally the unigram baseline.")
+    ev.add_argument("--lm", required=True, help="an LM folder written by save_pretrained (e.g. RUN/pretrained)")
+    ev.add_argument("--tokens", required=True, help="a token folder written by `rvqlm tokenize`")
+    ev.add_argument("--split", default="valid", choices=("train", "valid", "test"))
+    ev.add_argument("--split-by", default="prefix", choices=("prefix", "hash"),
+                    help="prefix: files under SPLIT/ (the built-in corpus); hash: by path hash")
+    ev.add_argument("--valid-fraction", type=float, default=0.1, help="for --split-by hash")
+    ev.add_argument("--window-frames", type=int, default=None,
+                    help="frames per scored window (default: the most the LM's context holds)")
+    ev.add_argument("--batch-size", type=int, default=4)
+    ev.add_argument("--unigram", action="store_true",
+                    help="also score the unigram baseline (token frequencies of the train split)")
+    ev.add_argument("--json", dest="json_out", default=None, help="also write the figures to this JSON file")
+    ev.set_defaults(func=_eval)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from lm.training import train_main
+
+    return train_main(args.lightning_args)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from lm.data import TokenFiles, ValidWindows
+    from lm.model import MultiCodebookLM
+    from lm.training import check_fingerprint, evaluate_nll, unigram_nll
+    from rvqlm.atomic import atomic_write_json
+    from rvqlm.token_shards import TokenShards
+
+    model = MultiCodebookLM.from_pretrained(args.lm)
+    cfg = model.cfg
+    shards = TokenShards.open(args.tokens)
+    check_fingerprint(cfg.codec_fingerprint, shards.fingerprint, args.tokens)
+    if (shards.n_codebooks, shards.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
+        raise ValueError(f"{args.tokens} has N_c={shards.n_codebooks}, |V|={shards.codebook_size}; "
+                         f"the LM models N_c={cfg.n_codebooks}, |V|={cfg.codebook_size}")
+    window = args.window_frames or cfg.max_frames
+    if not 1 <= window <= cfg.max_frames:
+        raise ValueError(f"--window-frames must be in 1..{cfg.max_frames} for this LM, got {window}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    files = TokenFiles.of_split(args.tokens, args.split, args.split_by, args.valid_fraction, shards)
+    windows = ValidWindows(files, cfg.n_codebooks, window, args.batch_size)
+    with torch.inference_mode():
+        nll, count = evaluate_nll(model, windows)
+    report = {"lm": str(args.lm), "tokens": str(args.tokens), "split": args.split, "files": len(files),
+              "window_frames": window, "nll_per_codebook": (nll / count).tolist(),
+              "tokens_per_codebook": count.tolist(), "nll": float(nll.sum() / count.sum())}
+    baseline = None
+    if args.unigram:
+        train = TokenFiles.of_split(args.tokens, "train", args.split_by, args.valid_fraction, shards)
+        u_nll, u_count = unigram_nll(train, files, cfg.n_codebooks, cfg.codebook_size)
+        if not torch.equal(u_count, count):
+            raise RuntimeError(f"the unigram baseline scored {u_count.tolist()} tokens, the LM {count.tolist()}")
+        baseline = (u_nll / u_count).tolist()
+        report["unigram_nll_per_codebook"] = baseline
+        report["unigram_nll"] = float(u_nll.sum() / u_count.sum())
+
+    print(f"{args.split} split of {args.tokens}: {len(files)} files, {int(count[0])} frames, "
+          f"windows of {window} frames")
+    header = f"{'codebook':>8}  {'NLL nats/tok':>12}  {'perplexity':>10}"
+    if baseline is not None:
+        header += f"  {'unigram NLL':>11}  {'LM - unigram':>12}"
+    print(header)
+    rows = [(str(k), report["nll_per_codebook"][k], None if baseline is None else baseline[k])
+            for k in range(cfg.n_codebooks)]
+    rows.append(("all", report["nll"], report.get("unigram_nll")))
+    for name, value, base in rows:
+        line = f"{name:>8}  {value:12.4f}  {math.exp(value):10.2f}"
+        if base is not None:
+            line += f"  {base:11.4f}  {value - base:+12.4f}"
+        print(line)
+    if args.json_out:
+        atomic_write_json(args.json_out, report)
+    return 0

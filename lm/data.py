@@ -1,0 +1,354 @@
+"""Token windows for LM training and evaluation, read from the token shards of `rvqlm tokenize`.
+
+The shards are memory-mapped: a window costs one small read, never a shard load.
+
+Splits are **by file**, never by window, so no held-out frame shares a file with training frames:
+
+* ``split_by="prefix"``: a file belongs to split S when its relative path starts with ``S/``.
+  The built-in corpus keeps its own ``train/ valid/ test/`` folders through tokenization, so its
+  held-out files are exactly the corpus's valid split (split by game level).
+* ``split_by="hash"``: for corpora without such folders; a file is in ``valid`` when the
+  SHA-256 of its relative path falls in the first ``valid_fraction`` of the hash range, and in
+  ``train`` otherwise. Adding files never moves an existing file between splits.
+
+Training windows (`TrainWindowStream`) are random but reproducible: window ``i`` of the run is a
+pure function of ``(seed, i)`` (a counter-based RNG), so the data position of a run is one
+integer, the number of batches consumed, and resuming from a checkpoint continues the exact
+same stream. A window picks a file with probability proportional to its length (every frame is
+equally likely) and a uniform start inside it; files shorter than the window are padded and
+masked (``frame_mask`` False). With W ranks, global batch ``g`` is cut into W rank batches, so
+W ranks with batch B see exactly the windows that 1 rank with batch W*B sees.
+
+Validation windows (`ValidWindows`) tile every held-out file with consecutive windows, the last
+one padded, so every held-out frame is scored exactly once; they are the same on every run.
+
+Batches are dicts: ``codes`` [B, N_c, T] int64, ``frame_mask`` [B, T] bool, and for training
+``batch_index`` (the batch's position in the run's stream).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal, Sequence
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from rvqlm.token_shards import TokenShards
+
+SplitBy = Literal["prefix", "hash"]
+
+# Our streams split their batches between DataLoader workers themselves (see `_worker_share`), so
+# Lightning's generic warning about `__len__` on an IterableDataset does not apply.
+warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
+SPLIT_NAMES = ("train", "valid", "test")
+
+
+# ---- file selection ---------------------------------------------------------------------------------
+
+def hash_fraction(relpath: str) -> float:
+    """A fixed number in [0, 1) for a relative path (first 8 bytes of its SHA-256)."""
+    digest = hashlib.sha256(relpath.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def select_split(relpaths: Sequence[str], split: str, split_by: SplitBy = "prefix",
+                 valid_fraction: float = 0.1) -> list[int]:
+    """Indices of the files (given by relative path) that belong to `split`, in input order.
+
+    prefix: files under ``<split>/``. hash: ``valid`` = files whose path hash is below
+    `valid_fraction`, ``train`` = the others (files under ``test/`` are in neither). Raises
+    ValueError if the split is empty, naming what was looked for.
+    """
+    if split not in SPLIT_NAMES:
+        raise ValueError(f"unknown split {split!r}; choose one of {SPLIT_NAMES}")
+    if split_by == "prefix":
+        chosen = [i for i, p in enumerate(relpaths) if p.startswith(f"{split}/")]
+        hint = (f"no token files under '{split}/' (split_by=prefix expects the corpus's own "
+                "train/ valid/ test/ folders; use split_by=hash for other corpora)")
+    elif split_by == "hash":
+        if not 0.0 < valid_fraction < 1.0:
+            raise ValueError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
+        if split == "test":
+            raise ValueError("split_by=hash has only 'train' and 'valid' splits")
+        in_valid = [not p.startswith("test/") and hash_fraction(p) < valid_fraction for p in relpaths]
+        in_train = [not p.startswith("test/") and not v for p, v in zip(relpaths, in_valid)]
+        chosen = [i for i, keep in enumerate(in_valid if split == "valid" else in_train) if keep]
+        hint = (f"the '{split}' split is empty: {len(relpaths)} files, valid_fraction={valid_fraction} "
+                "(use more files or a larger valid_fraction)")
+    else:
+        raise ValueError(f"split_by must be 'prefix' or 'hash', got {split_by!r}")
+    if not chosen:
+        raise ValueError(hint)
+    return chosen
+
+
+@dataclass(frozen=True)
+class TokenFiles:
+    """The files of one split: which shard entries, and how many frames each holds."""
+
+    tokens_dir: str
+    entry_indices: tuple[int, ...]
+    n_frames: tuple[int, ...]
+    relpaths: tuple[str, ...]
+
+    @classmethod
+    def of_split(cls, tokens_dir: str | os.PathLike, split: str, split_by: SplitBy = "prefix",
+                 valid_fraction: float = 0.1, shards: TokenShards | None = None) -> "TokenFiles":
+        shards = shards or TokenShards.open(tokens_dir)
+        relpaths = [e.path for e in shards.entries]
+        chosen = [i for i in select_split(relpaths, split, split_by, valid_fraction)
+                  if shards.entries[i].n_frames > 0]
+        if not chosen:
+            raise ValueError(f"every file of the '{split}' split of {tokens_dir} has 0 frames")
+        return cls(str(tokens_dir), tuple(chosen), tuple(shards.entries[i].n_frames for i in chosen),
+                   tuple(relpaths[i] for i in chosen))
+
+    @property
+    def total_frames(self) -> int:
+        return sum(self.n_frames)
+
+    def __len__(self) -> int:
+        return len(self.entry_indices)
+
+
+# ---- reading windows --------------------------------------------------------------------------------
+
+class _WindowReader:
+    """Reads [N_c, T] windows out of the shards; opens them lazily, once per process.
+
+    The open TokenShards (memory maps) is never pickled: DataLoader workers open their own.
+    """
+
+    def __init__(self, tokens_dir: str):
+        self.tokens_dir = tokens_dir
+        self._shards: TokenShards | None = None
+
+    @property
+    def shards(self) -> TokenShards:
+        if self._shards is None:
+            self._shards = TokenShards.open(self.tokens_dir)
+        return self._shards
+
+    def __getstate__(self) -> dict:
+        return {"tokens_dir": self.tokens_dir, "_shards": None}
+
+    def read_batch(self, spans: Sequence[tuple[int, int, int]], window: int, n_codebooks: int
+                   ) -> dict[str, torch.Tensor]:
+        """spans: (entry index, start frame, n frames <= window) per row -> a padded batch.
+
+        Returns codes [B, N_c, window] int64 (padding frames hold 0) and frame_mask [B, window].
+        """
+        codes = np.zeros((len(spans), window, n_codebooks), dtype=np.int64)
+        mask = np.zeros((len(spans), window), dtype=bool)
+        entries = self.shards.entries
+        for row, (entry_index, start, length) in enumerate(spans):
+            codes[row, :length] = self.shards.read(entries[entry_index], start, length)
+            mask[row, :length] = True
+        return {"codes": torch.from_numpy(codes).transpose(1, 2).contiguous(),
+                "frame_mask": torch.from_numpy(mask)}
+
+
+def _worker_share() -> tuple[int, int]:
+    info = get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+class StreamPosition:
+    """How many training batches of the stream this rank has consumed (its data position).
+
+    Shared between the DataModule (which saves/restores it in checkpoints) and the stream
+    (which starts there whenever an epoch's iterator is created).
+    """
+
+    def __init__(self, consumed_batches: int = 0):
+        self.consumed_batches = consumed_batches
+
+
+class TrainWindowStream(IterableDataset):
+    """Random training windows, yielded as whole batches, from `position.consumed_batches` on.
+
+    Sample i of the run (counted over all ranks) is drawn by ``np.random.default_rng([seed, i])``;
+    rank r's batch b holds samples ``(b * world_size + r) * batch_size + j``. One epoch is
+    `batches_per_epoch` batches; the stream never repeats a sample index.
+    """
+
+    def __init__(self, files: TokenFiles, n_codebooks: int, window_frames: int, batch_size: int,
+                 batches_per_epoch: int, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 position: StreamPosition | None = None):
+        if window_frames < 1 or batch_size < 1 or batches_per_epoch < 1:
+            raise ValueError("window_frames, batch_size and batches_per_epoch must be >= 1, got "
+                             f"{window_frames}, {batch_size}, {batches_per_epoch}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        self.files = files
+        self.reader = _WindowReader(files.tokens_dir)
+        self.n_codebooks = n_codebooks
+        self.window_frames = window_frames
+        self.batch_size = batch_size
+        self.batches_per_epoch = batches_per_epoch
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.position = position or StreamPosition()
+        self._cum_frames = np.cumsum(np.asarray(files.n_frames, dtype=np.int64))
+
+    def __len__(self) -> int:
+        # Batches per epoch: the DataLoader (batch_size=None) reports this as its length.
+        return self.batches_per_epoch
+
+    def sample_span(self, sample_index: int) -> tuple[int, int, int]:
+        """(entry index, start, length) of sample `sample_index`: a pure function of (seed, index)."""
+        rng = np.random.default_rng([self.seed, sample_index])
+        frame = int(rng.integers(int(self._cum_frames[-1])))
+        file = int(np.searchsorted(self._cum_frames, frame, side="right"))
+        n = self.files.n_frames[file]
+        length = min(n, self.window_frames)
+        start = int(rng.integers(n - length + 1))
+        return self.files.entry_indices[file], start, length
+
+    def batch(self, batch_index: int) -> dict[str, torch.Tensor]:
+        """Rank batch `batch_index` of the stream."""
+        first = (batch_index * self.world_size + self.rank) * self.batch_size
+        spans = [self.sample_span(first + j) for j in range(self.batch_size)]
+        out = self.reader.read_batch(spans, self.window_frames, self.n_codebooks)
+        out["batch_index"] = torch.tensor(batch_index)
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        start = self.position.consumed_batches
+        end = (start // self.batches_per_epoch + 1) * self.batches_per_epoch  # the rest of this epoch
+        worker, n_workers = _worker_share()
+        # DataLoader workers hand out batches round-robin, so worker w yields batches w, w+n, ...
+        for batch_index in range(start + worker, end, n_workers):
+            yield self.batch(batch_index)
+
+
+class ValidWindows(IterableDataset):
+    """Every frame of the held-out files, in consecutive windows (the last of a file padded).
+
+    Rank r takes windows r, r + W, ...; DataLoader workers split a rank's windows the same way.
+    `max_windows` keeps evenly spaced windows only (for quick validation during training).
+    """
+
+    def __init__(self, files: TokenFiles, n_codebooks: int, window_frames: int, batch_size: int,
+                 rank: int = 0, world_size: int = 1, max_windows: int | None = None):
+        if window_frames < 1 or batch_size < 1:
+            raise ValueError(f"window_frames and batch_size must be >= 1, got {window_frames}, {batch_size}")
+        self.reader = _WindowReader(files.tokens_dir)
+        self.n_codebooks = n_codebooks
+        self.window_frames = window_frames
+        self.batch_size = batch_size
+        spans = [(entry, start, min(window_frames, n - start))
+                 for entry, n in zip(files.entry_indices, files.n_frames)
+                 for start in range(0, n, window_frames)]
+        if max_windows is not None and max_windows < len(spans):
+            if max_windows < 1:
+                raise ValueError(f"max_windows must be >= 1, got {max_windows}")
+            keep = np.linspace(0, len(spans) - 1, max_windows).round().astype(int)
+            spans = [spans[i] for i in keep]
+        self.all_spans = spans
+        self.spans = spans[rank::world_size]
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.spans) / self.batch_size)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        worker, n_workers = _worker_share()
+        for b in range(worker, len(self), n_workers):
+            chunk = self.spans[b * self.batch_size:(b + 1) * self.batch_size]
+            yield self.reader.read_batch(chunk, self.window_frames, self.n_codebooks)
+
+
+# ---- the DataModule ---------------------------------------------------------------------------------
+
+class TokenDataModule(pl.LightningDataModule):
+    """Training and validation batches from a folder of token shards.
+
+    Args:
+        tokens_dir: the OUT_DIR of `rvqlm tokenize` (manifest.jsonl, codec.json, shards).
+        window_frames: T, frames per training/validation window.
+        batch_size: windows per batch and per rank.
+        batches_per_epoch: length of one training "epoch" (windows are sampled, not enumerated).
+        split_by, valid_fraction: how held-out files are chosen (see the module docstring).
+        valid_batch_size: defaults to batch_size.
+        max_valid_windows: cap on validation windows (evenly spaced); None = every held-out frame.
+        num_workers: DataLoader worker processes (reading is a memory-map copy: 0 is usually best).
+        seed: the training stream's seed.
+
+    The token layout (n_codebooks, codebook_size, codec_fingerprint, frame_rate) is read from
+    the shards at construction, so a model can be sized from it (LightningCLI links them).
+    The data position (batches consumed) is saved in checkpoints through state_dict.
+    """
+
+    def __init__(self, tokens_dir: str, window_frames: int = 500, batch_size: int = 8,
+                 batches_per_epoch: int = 1000, split_by: SplitBy = "prefix", valid_fraction: float = 0.1,
+                 valid_batch_size: int | None = None, max_valid_windows: int | None = None,
+                 num_workers: int = 0, seed: int = 0):
+        super().__init__()
+        if not Path(tokens_dir).is_dir():
+            raise FileNotFoundError(f"token folder {tokens_dir} does not exist (make it with `rvqlm tokenize`)")
+        self.tokens_dir = str(tokens_dir)
+        shards = TokenShards.open(self.tokens_dir)
+        self.n_codebooks = int(shards.n_codebooks)
+        self.codebook_size = int(shards.codebook_size)
+        self.codec_fingerprint = str(shards.fingerprint)
+        self.frame_rate = float(shards.frame_rate)
+        self.train_files = TokenFiles.of_split(self.tokens_dir, "train", split_by, valid_fraction, shards)
+        self.valid_files = TokenFiles.of_split(self.tokens_dir, "valid", split_by, valid_fraction, shards)
+        self.window_frames = window_frames
+        self.batch_size = batch_size
+        self.batches_per_epoch = batches_per_epoch
+        self.valid_batch_size = valid_batch_size or batch_size
+        self.max_valid_windows = max_valid_windows
+        self.num_workers = num_workers
+        self.seed = seed
+        self.position = StreamPosition()
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = self._rank_world()
+        stream = TrainWindowStream(self.train_files, self.n_codebooks, self.window_frames, self.batch_size,
+                                   self.batches_per_epoch, self.seed, rank, world, self.position)
+        # batch_size=None: the stream yields whole batches. No persistent workers: each epoch's
+        # workers must start from the current position.
+        return DataLoader(stream, batch_size=None, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        rank, world = self._rank_world()
+        windows = ValidWindows(self.valid_files, self.n_codebooks, self.window_frames, self.valid_batch_size,
+                               rank, world, self.max_valid_windows)
+        return DataLoader(windows, batch_size=None, num_workers=self.num_workers)
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        # Runs when the training loop takes a batch for its step (after any prefetching), so the
+        # position counts batches actually trained on.
+        if self.trainer is not None and self.trainer.training and "batch_index" in batch:
+            self.position.consumed_batches = int(batch["batch_index"]) + 1
+        return batch
+
+    def _stream_settings(self) -> dict:
+        """What the training stream depends on besides its position: a resume must not change it."""
+        return {"seed": self.seed, "batch_size": self.batch_size, "window_frames": self.window_frames,
+                "train_files": len(self.train_files), "codec_fingerprint": self.codec_fingerprint}
+
+    def state_dict(self) -> dict:
+        return {"consumed_batches": self.position.consumed_batches, **self._stream_settings()}
+
+    def load_state_dict(self, state: dict) -> None:
+        now = self._stream_settings()
+        changed = [f"{k}: checkpoint {state[k]!r}, now {now[k]!r}" for k in now if k in state and state[k] != now[k]]
+        if changed:
+            raise ValueError("cannot resume the training data stream exactly, the data settings changed ("
+                             + "; ".join(changed) + ")")
+        self.position.consumed_batches = int(state["consumed_batches"])

@@ -1,0 +1,355 @@
+"""Training the multi-codebook LM with Lightning: the LightningModule, its optimizer and schedule,
+the LightningCLI entry point, held-out evaluation and the export to a save_pretrained folder.
+
+Choices (and why):
+
+* AdamW; weight decay only on the matrices of matrix products (attention, FFN, output heads:
+  parameters with dim >= 2 that are not embedding tables). No decay on embeddings (a table row
+  of a rare token would shrink on every step while its gradient is almost always zero), on norm
+  gains or biases. With tied heads the shared tensor is an embedding and is not decayed.
+* The learning rate rises linearly from 0 over `warmup_steps` optimizer steps, then follows a
+  cosine from `lr` down to `min_lr_ratio * lr` at the last step; it is updated every step.
+* Gradient clipping, precision (bf16-mixed / 32-true), gradient accumulation and DDP are the
+  Trainer's own (recipes in `recipes/`), nothing home-made.
+* Exact resume: Lightning saves optimizer, scheduler, loops and the DataModule's stream
+  position; this module adds the RNG states (torch, python, numpy) and restores them at the
+  start of training, so a resumed run repeats the same losses as an uninterrupted one.
+* Metrics: loss and perplexity per codebook and overall (train and held-out), codebook tokens
+  per second (all ranks), and MFU: the model's training FLOPs over the fp32 matmul peak that
+  `measure_matmul_peak` measures on this machine at the start of the fit (no hard-coded peak).
+* After fit, rank 0 writes `<trainer.default_root_dir>/pretrained/` with save_pretrained; its
+  config carries the codec fingerprint of the training tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from torch import Tensor, nn
+
+from lm.config import LMConfig
+from lm.data import TokenDataModule, TokenFiles, ValidWindows
+from lm.model import MultiCodebookLM
+from rvqlm.atomic import atomic_path
+
+# ---- measurement ------------------------------------------------------------------------------------
+
+def measure_matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int = 5) -> float:
+    """This machine's dense matmul throughput in FLOP/s: the best of `repeats` timed n x n products.
+
+    The reference for MFU. Uses torch's current thread setting, so it measures what training gets.
+    """
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)  # warm-up (allocation, kernel selection)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+# ---- optimizer and schedule -------------------------------------------------------------------------
+
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW parameter groups: decay for matrices of matrix products, none for embeddings/gains/biases."""
+    embedding_params = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay, seen = [], [], set()
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 and id(p) not in embedding_params else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """LR multiplier at optimizer step `step` (0-based): linear warmup to 1, then cosine to min_lr_ratio."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    span = max(total_steps - warmup_steps, 1)
+    progress = min((step - warmup_steps) / span, 1.0)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ---- codec fingerprints ------------------------------------------------------------------------------
+
+def check_fingerprint(lm_fingerprint: str | None, tokens_fingerprint: str | None, tokens_where: str) -> None:
+    """Refuse to pair an LM with tokens of another codec (ValueError with both fingerprints)."""
+    if lm_fingerprint != tokens_fingerprint:
+        lm_fp = lm_fingerprint[:16] if lm_fingerprint else "none recorded"
+        tok_fp = tokens_fingerprint[:16] if tokens_fingerprint else "none recorded"
+        raise ValueError(f"codec mismatch: the LM was trained on tokens of codec {lm_fp}, but {tokens_where} "
+                         f"holds tokens of codec {tok_fp}; token ids of different codecs mean different sounds")
+
+
+# ---- the LightningModule ----------------------------------------------------------------------------
+
+class LMTrainingModule(pl.LightningModule):
+    """Next-token training of a MultiCodebookLM on token windows (see `lm.data.TokenDataModule`).
+
+    Args:
+        config: the LMConfig; n_codebooks / codebook_size / codec_fingerprint below override it
+            (LightningCLI links them from the DataModule, i.e. from the token shards).
+        lr, betas, adam_eps, weight_decay: AdamW (decay on matrices only, see `decay_groups`).
+        warmup_steps, min_lr_ratio: the schedule (see `warmup_cosine`); total_steps defaults to
+            the Trainer's estimated optimizer steps (max_steps).
+        measure_peak: time an fp32 matmul at fit start for MFU (off: MFU is not logged).
+        export: write `<default_root_dir>/pretrained/` after fit.
+    """
+
+    def __init__(self, config: LMConfig, n_codebooks: int | None = None, codebook_size: int | None = None,
+                 codec_fingerprint: str | None = None, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
+                 adam_eps: float = 1e-8, weight_decay: float = 0.1, warmup_steps: int = 100,
+                 min_lr_ratio: float = 0.1, total_steps: int | None = None, measure_peak: bool = True,
+                 export: bool = True):
+        super().__init__()
+        overrides = {k: v for k, v in (("n_codebooks", n_codebooks), ("codebook_size", codebook_size),
+                                       ("codec_fingerprint", codec_fingerprint)) if v is not None}
+        self.lm_config = dataclasses.replace(config, **overrides)
+        if warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0 or lr <= 0:
+            raise ValueError(f"need lr > 0, warmup_steps >= 0 and min_lr_ratio in [0, 1]; got {lr}, "
+                             f"{warmup_steps}, {min_lr_ratio}")
+        # Plain values only, so checkpoints load with torch.load(weights_only=True).
+        self.save_hyperparameters(ignore=["config", "n_codebooks", "codebook_size", "codec_fingerprint"])
+        self.hparams["lm_config"] = self.lm_config.to_dict()
+        self.model = MultiCodebookLM(self.lm_config)
+        self.matmul_peak: float | None = None
+        self._rng_to_restore: dict | None = None
+        self._last_batch_end: float | None = None
+        self._val_nll: Tensor | None = None
+        self._val_count: Tensor | None = None
+
+    # -- training ---------------------------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        if isinstance(dm, TokenDataModule):
+            check_fingerprint(self.lm_config.codec_fingerprint, dm.codec_fingerprint, dm.tokens_dir)
+            if (dm.n_codebooks, dm.codebook_size) != (self.lm_config.n_codebooks, self.lm_config.codebook_size):
+                raise ValueError(f"the tokens have N_c={dm.n_codebooks}, |V|={dm.codebook_size}; the LM is built for "
+                                 f"N_c={self.lm_config.n_codebooks}, |V|={self.lm_config.codebook_size}")
+            if self.model.pattern.sequence_length(dm.window_frames) > self.lm_config.max_seq_len:
+                raise ValueError(f"window_frames={dm.window_frames} needs more than max_seq_len="
+                                 f"{self.lm_config.max_seq_len} positions (at most {self.lm_config.max_frames} frames)")
+        if self.hparams.measure_peak:
+            self.matmul_peak = measure_matmul_peak()
+
+    def on_train_start(self) -> None:
+        if self._rng_to_restore is not None:
+            _set_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None
+        self._last_batch_end = None
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        out = self.model.loss(batch["codes"], batch["frame_mask"])
+        self._log_losses("train", out.nll_sum.detach(), out.count, loss=out.loss.detach())
+        return out.loss
+
+    def on_train_batch_end(self, outputs, batch: dict[str, Tensor], batch_idx: int) -> None:
+        now = time.perf_counter()
+        last, self._last_batch_end = self._last_batch_end, now
+        if last is None:
+            return
+        dt = now - last
+        b, n_c, t = batch["codes"].shape
+        world = self.trainer.world_size
+        self.log("train/tokens_per_s", b * n_c * t * world / dt, on_step=True, on_epoch=False)
+        if self.matmul_peak:
+            positions = self.model.pattern.sequence_length(t)
+            flops = self.model.flops_per_token(positions) * b * positions
+            self.log("train/mfu", flops / dt / self.matmul_peak, on_step=True, on_epoch=False)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+
+    def _log_losses(self, stage: str, nll_sum: Tensor, count: Tensor, loss: Tensor | None = None) -> None:
+        per_cb = (nll_sum / count.clamp(min=1)).float()
+        overall = loss if loss is not None else (nll_sum.sum() / count.sum().clamp(min=1)).float()
+        on_step = stage == "train"
+        kw = dict(on_step=on_step, on_epoch=not on_step, sync_dist=False)
+        self.log(f"{stage}/loss", overall, prog_bar=True, **kw)
+        self.log(f"{stage}/ppl", overall.exp(), **kw)
+        for k in range(per_cb.numel()):
+            self.log(f"{stage}/loss_cb{k}", per_cb[k], **kw)
+            self.log(f"{stage}/ppl_cb{k}", per_cb[k].exp(), **kw)
+
+    # -- validation: token-weighted over every held-out window of every rank ----------------------
+    def on_validation_epoch_start(self) -> None:
+        n_c = self.lm_config.n_codebooks
+        self._val_nll = torch.zeros(n_c, dtype=torch.float64, device=self.device)
+        self._val_count = torch.zeros(n_c, dtype=torch.float64, device=self.device)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        out = self.model.loss(batch["codes"], batch["frame_mask"])
+        self._val_nll += out.nll_sum.double()
+        self._val_count += out.count.double()
+
+    def on_validation_epoch_end(self) -> None:
+        nll = self.trainer.strategy.reduce(self._val_nll, reduce_op="sum")
+        count = self.trainer.strategy.reduce(self._val_count, reduce_op="sum")
+        if count.sum() > 0:
+            self._log_losses("val", nll, count)
+
+    # -- optimizer --------------------------------------------------------------------------------
+    def configure_optimizers(self):
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(decay_groups(self.model, hp.weight_decay), lr=hp.lr,
+                                      betas=tuple(hp.betas), eps=hp.adam_eps)
+        total = hp.total_steps or int(self.trainer.estimated_stepping_batches)
+        if not 0 < total < 10**12:
+            raise ValueError("set trainer.max_steps (or model.total_steps): the cosine schedule needs a length")
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_cosine(step, hp.warmup_steps, total, hp.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rng_states"] = _get_rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("hyper_parameters", {}).get("lm_config")
+        if saved is not None:
+            now = self.lm_config.to_dict()
+            check_fingerprint(saved.get("codec_fingerprint"), now.get("codec_fingerprint"),
+                              "the training data of this run")
+            changed = [f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in now if saved.get(k) != now[k]]
+            if changed:
+                raise ValueError("the checkpoint's LM config differs from this run's: " + "; ".join(changed))
+        self._rng_to_restore = checkpoint.get("rng_states")
+
+    def on_fit_end(self) -> None:
+        if self.hparams.export and self.trainer.is_global_zero and not self.trainer.interrupted:
+            export_pretrained(self.model, Path(self.trainer.default_root_dir) / "pretrained")
+
+
+def _get_rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+
+
+def export_pretrained(model: MultiCodebookLM, dest: Path) -> Path:
+    """save_pretrained into `dest`, replacing any previous export only once the new one is complete."""
+    dest = Path(dest)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    old = dest.with_name(f".{dest.name}.old")
+    if dest.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        dest.rename(old)
+    tmp.rename(dest)
+    if old.exists():
+        shutil.rmtree(old)
+    return dest
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoints written to a temporary name and renamed: a kill never leaves half a file."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        with atomic_path(path) as tmp:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+
+
+# ---- evaluation -------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def evaluate_nll(model: MultiCodebookLM, windows: ValidWindows) -> tuple[Tensor, Tensor]:
+    """Summed NLL (nats) and target counts per codebook over all windows: ([N_c] f64, [N_c] int64)."""
+    model.eval()
+    nll = torch.zeros(model.cfg.n_codebooks, dtype=torch.float64)
+    count = torch.zeros(model.cfg.n_codebooks, dtype=torch.int64)
+    for batch in windows:
+        out = model.loss(batch["codes"].to(model.device), batch["frame_mask"].to(model.device))
+        nll += out.nll_sum.double().cpu()
+        count += out.count.cpu()
+    return nll, count
+
+
+def unigram_nll(train: TokenFiles, held_out: TokenFiles, n_codebooks: int, codebook_size: int,
+                smoothing: float = 1.0) -> tuple[Tensor, Tensor]:
+    """The unigram baseline: per-codebook token frequencies of the training files (add-`smoothing`),
+    scored on every frame of the held-out files. Returns ([N_c] summed NLL, [N_c] counts), the same
+    targets the LM is scored on by `evaluate_nll` over `ValidWindows` of those files."""
+    from rvqlm.token_shards import TokenShards
+
+    shards = TokenShards.open(train.tokens_dir)
+    counts = np.full((n_codebooks, codebook_size), smoothing, dtype=np.float64)
+    for i in train.entry_indices:
+        tokens = np.asarray(shards.read(shards.entries[i]), dtype=np.int64)  # [frames, N_c]
+        for k in range(n_codebooks):
+            counts[k] += np.bincount(tokens[:, k], minlength=codebook_size)
+    log_p = np.log(counts) - np.log(counts.sum(axis=1, keepdims=True))
+    nll = np.zeros(n_codebooks)
+    n = np.zeros(n_codebooks, dtype=np.int64)
+    held = TokenShards.open(held_out.tokens_dir)
+    for i in held_out.entry_indices:
+        tokens = np.asarray(held.read(held.entries[i]), dtype=np.int64)
+        nll -= log_p[np.arange(n_codebooks), tokens].sum(axis=0)
+        n += len(tokens)
+    return torch.from_numpy(nll), torch.from_numpy(n)
+
+
+# ---- LightningCLI -----------------------------------------------------------------------------------
+
+class LMTrainingCLI(LightningCLI):
+    """LightningCLI for `rvqlm train-lm`: sizes the LM from the tokens and fills in run-dir defaults.
+
+    The run folder is `trainer.default_root_dir`: checkpoints go to `<run dir>/checkpoints/` (when
+    a ModelCheckpoint leaves dirpath empty), CSV logs to `<run dir>/logs/` (when no logger is set),
+    the exported model to `<run dir>/pretrained/`. Resume with `--ckpt_path last`.
+    """
+
+    def add_arguments_to_parser(self, parser) -> None:
+        for name in ("n_codebooks", "codebook_size", "codec_fingerprint"):
+            parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
+
+    def before_instantiate_classes(self) -> None:
+        from jsonargparse import Namespace
+
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        run_dir = cfg.trainer.default_root_dir or "."
+        for cb in cfg.trainer.callbacks or []:
+            if cb.class_path.endswith("ModelCheckpoint") and cb.init_args.get("dirpath") is None:
+                cb.init_args.dirpath = str(Path(run_dir) / "checkpoints")
+        if cfg.trainer.logger in (None, True):
+            cfg.trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger",
+                                           init_args=Namespace(save_dir=str(run_dir), name="logs"))
+
+
+def train_main(args: Sequence[str] | None = None) -> int:
+    """`rvqlm train-lm ARGS`: LightningCLI `fit` with ARGS (e.g. --config recipes/lm_tiny.yaml)."""
+    args = list(sys.argv[1:] if args is None else args)
+    if args and args[0] == "fit":
+        args = args[1:]
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI reads `args`, never the outer command line
+    try:
+        LMTrainingCLI(LMTrainingModule, TokenDataModule, args=["fit", *args],
+                      save_config_kwargs={"overwrite": True},
+                      trainer_defaults={"plugins": [{"class_path": "lm.training.AtomicCheckpointIO"}]},
+                      parser_kwargs={"fit": {"default_env": False}})
+    finally:
+        sys.argv = argv
+    return 0
