@@ -72,15 +72,12 @@ class QuantizerOutput:
 def nearest_codes(x: Tensor, codebook: Tensor) -> Tensor:
     """Index of the nearest codebook vector (Euclidean) for each row.
 
-    x [N, D], codebook [V, D] -> LongTensor [N]. Uses ||x||^2 - 2 x.e + ||e||^2 with one matmul,
-    so nothing of size [N, V, D] is built. Ties go to the lowest index.
+    x [N, D], codebook [V, D] -> LongTensor [N]. |x - e|^2 = ||x||^2 - 2 x.e + ||e||^2; the first
+    term is the same for every code of a row, so the argmin needs only ||e||^2 - 2 x.e, one fused
+    matmul (addmm) and nothing of size [N, V, D]. Ties go to the lowest index.
     """
-    dist2 = (
-        x.pow(2).sum(1, keepdim=True)
-        - 2 * x @ codebook.t()
-        + codebook.pow(2).sum(1).unsqueeze(0)
-    )
-    return dist2.argmin(dim=1)
+    scores = torch.addmm(codebook.pow(2).sum(1).unsqueeze(0), x, codebook.t(), alpha=-2.0)
+    return scores.argmin(dim=1)
 
 
 def kmeans(x: Tensor, k: int, iters: int) -> tuple[Tensor, Tensor]:
@@ -141,6 +138,12 @@ class ResidualVectorQuantizer(nn.Module):
     Buffers (all in the state_dict): `embed` [N_c, |V|, D] the codebook vectors,
     `cluster_size` [N_c, |V|] and `embed_sum` [N_c, |V|, D] their EMA statistics, and
     `initialized` (bool) whether k-means initialisation has run.
+
+    `dead_code_threshold` is in frames per training step (the EMA of a code's count): a level that
+    sees N frames a step can keep at most N / threshold codes alive, so with |V| = 1024 and the
+    default 2.0 a batch needs well over 2048 frames at every level (fewer reach the deep levels
+    under quantizer dropout), or most codes are re-drawn from the batch at every step. The step
+    that runs k-means revives nothing: its codebooks were just fitted to that batch.
     """
 
     def __init__(
@@ -281,8 +284,11 @@ class ResidualVectorQuantizer(nn.Module):
         src = _first_rank_with(residual.shape[0] > 0, self.embed.device)
         if src is None:
             return
-        if residual.shape[0] > 0:
-            picks = residual[torch.randint(residual.shape[0], (n_dead,), device=residual.device)]
+        n = residual.shape[0]
+        if n >= n_dead:  # distinct rows, so two revived codes do not land on the same vector
+            picks = residual[torch.randperm(n, device=residual.device)[:n_dead]]
+        elif n > 0:
+            picks = residual[torch.randint(n, (n_dead,), device=residual.device)]
         else:
             picks = residual.new_zeros(n_dead, self.dim)
         picks = _broadcast(picks.contiguous(), src=src)

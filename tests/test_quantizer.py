@@ -261,6 +261,9 @@ def test_without_kmeans_the_first_step_revives_every_code_from_the_batch():
     assert float(out.metrics["dead_codes/c0"]) == 16.0
     rows = rearrange(z, "b d t -> (b t) d")
     assert pairwise_distance(rvq.codebooks[0], rows).min(dim=1).values.max() < 1e-4
+    # 100 rows for 16 codes: each code got its own vector (no duplicates that would split a cell).
+    between = pairwise_distance(rvq.codebooks[0], rvq.codebooks[0]) + torch.eye(16) * 1e9
+    assert float(between.min()) > 1e-3
 
 
 def test_state_dict_round_trip_gives_identical_codes(tmp_path):
