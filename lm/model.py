@@ -169,13 +169,16 @@ class MultiCodebookLM(nn.Module):
             raise ValueError(f"token ids must be in 0..{cfg.embedding_rows - 1} (codes 0..{cfg.codebook_size - 1}, "
                              f"pad {cfg.pad_id}, bos {cfg.bos_id})")
         if cache is None:
-            if s > cfg.max_seq_len:
-                raise ValueError(f"{s} positions exceed the model's context max_seq_len={cfg.max_seq_len}")
+            if window is not None and not 1 <= window <= cfg.max_seq_len:
+                raise ValueError(f"window must be in 1..max_seq_len={cfg.max_seq_len}, got {window}")
+            # RoPE with a sliding window only ever sees offsets < window, which training covered.
+            sliding_rope = window is not None and self.rope is not None
+            if s > cfg.max_seq_len and not sliding_rope:
+                raise ValueError(f"{s} positions exceed the model's context max_seq_len={cfg.max_seq_len}"
+                                 + ("" if self.rope is None else " (a RoPE model can go further with a window)"))
             positions = torch.arange(s, device=tokens.device)
             mask = None
             if window is not None:
-                if window < 1:
-                    raise ValueError(f"window must be >= 1, got {window}")
                 offset = positions[:, None] - positions[None, :]
                 mask = (offset >= 0) & (offset < window)
         else:
@@ -246,7 +249,8 @@ class MultiCodebookLM(nn.Module):
         inputs = torch.cat([torch.full_like(seq[..., :1], self.cfg.bos_id), seq[..., :-1]], dim=-1)
         logits = self(inputs)  # [B, N_c, S, |V|]
         targets = seq.masked_fill(~valid, -100)
-        nll = F.cross_entropy(rearrange(logits, "b c s v -> (b c s) v").float(), targets.flatten(),
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 logits: CE in fp32
+        nll = F.cross_entropy(rearrange(logits, "b c s v -> (b c s) v"), targets.flatten(),
                               ignore_index=-100, reduction="none")
         return nll.view_as(seq), valid
 
