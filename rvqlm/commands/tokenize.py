@@ -1,9 +1,65 @@
-"""`rvqlm tokenize` subcommands (being built)."""
+"""`rvqlm tokenize AUDIO_DIR OUT_DIR --codec CODEC_DIR`: a folder of audio -> token shards."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    return None
+    p = sub.add_parser(
+        "tokenize",
+        help="encode every audio file under a folder into token shards for LM training",
+        description="Encode every audio file under AUDIO_DIR (recursively) with a codec into token shards in "
+                    "OUT_DIR (layout: see the README). Rerunning the same command resumes an interrupted run. "
+                    "Files that cannot be read are listed in OUT_DIR/errors.jsonl; the exit code is 1 if any failed.",
+    )
+    p.add_argument("audio_dir", metavar="AUDIO_DIR", help="folder of audio files (wav, flac, ogg, mp3, ...)")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="token folder to create or resume")
+    p.add_argument("--codec", required=True, metavar="CODEC_DIR", help="a saved codec folder (save_pretrained)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes decoding audio in parallel with encoding (0: decode inline; default 1)")
+    p.add_argument("--batch-seconds", type=float, default=20.0, metavar="S",
+                   help="audio per encoder call, short files batched together (default 20)")
+    p.add_argument("--chunk-seconds", type=float, default=10.0, metavar="C",
+                   help="longer files are encoded in overlapping chunks of this length; "
+                        "the tokens do not depend on it (default 10)")
+    p.add_argument("--max-file-seconds", type=float, default=None, metavar="X",
+                   help="list files longer than this as errors instead of tokenizing them (default: no limit)")
+    p.add_argument("--shard-frames", type=int, default=None, metavar="F",
+                   help="token frames per shard before it is sealed (default 1048576, ~5.8 h at 50 Hz)")
+    p.add_argument("--threads", type=int, default=None, metavar="T", help="torch threads for encoding")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from codec.model import Codec
+    from codec.tokenize import tokenize_folder
+    from rvqlm.token_shards import DEFAULT_SHARD_FRAMES
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+    if args.shard_frames is not None and args.shard_frames < 1:
+        raise ValueError("--shard-frames must be >= 1")
+    codec = Codec.from_pretrained(args.codec)
+    summary = tokenize_folder(
+        args.audio_dir, args.out_dir, codec, workers=args.workers, batch_seconds=args.batch_seconds,
+        chunk_seconds=args.chunk_seconds, max_file_seconds=args.max_file_seconds,
+        shard_frames=args.shard_frames or DEFAULT_SHARD_FRAMES, progress=not args.no_progress,
+    )
+    for line in summary.lines():
+        print(line)
+    if summary.errors:
+        shown = summary.errors[:10]
+        print(f"{len(summary.errors)} file(s) failed (all listed in {args.out_dir}/errors.jsonl):", file=sys.stderr)
+        for e in shown:
+            print(f"  {e['path']}: {e['reason']}", file=sys.stderr)
+        if len(summary.errors) > len(shown):
+            print(f"  ... and {len(summary.errors) - len(shown)} more", file=sys.stderr)
+        return 1
+    return 0

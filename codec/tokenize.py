@@ -1,0 +1,559 @@
+"""Tokenize a folder of audio files into token shards (`rvqlm.token_shards`), fast and resumable.
+
+    summary = tokenize_folder("audio/", "tokens/", codec, workers=1)
+
+Pipeline (one process encodes, `workers` processes decode):
+
+1. Walk AUDIO_DIR (recursively, sorted) for files with an audio suffix. Files already in the
+   manifest with the same size and mtime are skipped (resume); changed ones are reported.
+2. Decode each file to the codec's rate and channels. Short files are read whole by the worker
+   pool; files longer than `STREAM_BLOCK_SECONDS` are streamed block by block in the main
+   process (a background thread reads ahead), so memory never depends on a file's length.
+3. Cut every file into *pieces*: a file of T frames (`S` samples zero-padded to `T * hop`) is one
+   piece if T <= `chunk_frames`, else consecutive chunks of `chunk_frames` core frames, each
+   widened by the encoder's exact context (`Codec.frame_span`): L frames of past and R frames of
+   look-ahead. A frame is kept only from a piece in which its whole receptive field is real
+   signal (or the file's true edge, where the full-file encode sees zero padding too), so the
+   tokens are those of encoding the whole file at once, whatever the chunk size.
+4. Batch pieces (sorted by length inside a look-ahead buffer) into encoder calls of about
+   `batch_seconds` of audio, zero-padded on the right. Frames near a file's true end in a padded
+   batch would see the batch padding instead of the encoder's own edge padding: for a causal
+   codec (R = 0) no frame can, for a non-causal one the last R frames are re-encoded from an
+   unpadded tail piece of L + R frames.
+5. Hand each file's frames, in file order, to a `ShardWriter`, which seals shards atomically.
+   A kill at any moment loses at most the unsealed shard; the rerun redoes exactly that, so the
+   final folder equals an uninterrupted run's.
+
+Files that cannot be decoded go to `errors.jsonl` with the reason; the run goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from codec.audio import AUDIO_SUFFIXES, AudioError, audio_info, iter_audio_blocks
+from rvqlm.token_shards import DEFAULT_SHARD_FRAMES, ShardWriter, TokenShardError, write_errors
+
+#: Files longer than this are streamed in blocks of this length; shorter ones are read whole.
+#: Fixed (not a user setting) so the decoded samples, hence the tokens, never depend on options.
+STREAM_BLOCK_SECONDS = 60.0
+
+
+# ---------------------------------------------------------------------------------------------
+# walking
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: Path  # absolute
+    rel: str  # relative to the audio folder, POSIX
+    size: int
+    mtime_ns: int
+
+
+def find_audio_files(audio_dir: str | os.PathLike, *, exclude: Path | None = None) -> list[SourceFile]:
+    """Every file under audio_dir with an audio suffix, sorted by relative path (hidden ones skipped)."""
+    root = Path(audio_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no audio folder at {root}")
+    exclude = exclude.resolve() if exclude is not None else None
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
+                             and (exclude is None or (here / d).resolve() != exclude))
+        for name in filenames:
+            if name.startswith(".") or not name.lower().endswith(AUDIO_SUFFIXES):
+                continue
+            p = here / name
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            found.append(SourceFile(p, p.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns))
+    return sorted(found, key=lambda f: f.rel)
+
+
+# ---------------------------------------------------------------------------------------------
+# decoding (runs in worker processes)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Decoded:
+    """A file's samples [C, S] at the codec's rate (None when streamed), or the reason it failed."""
+
+    index: int
+    wav: np.ndarray | None = None
+    stream: bool = False
+    error: str | None = None
+
+
+def check_not_truncated(path: str | os.PathLike) -> None:
+    """Raise AudioError for a WAV or Ogg file cut short; libsndfile would silently read what is left.
+
+    WAV: the `data` chunk declares more bytes than the file holds (the sizes 0 and 0xFFFFFFFF that
+    streaming writers leave are accepted). Ogg: the last page is incomplete or lacks the
+    end-of-stream flag.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if head[:4] in (b"RIFF", b"RIFX") and head[8:12] == b"WAVE":
+            order = "little" if head[:4] == b"RIFF" else "big"
+            pos = 12
+            while pos + 8 <= size:
+                f.seek(pos)
+                chunk = f.read(8)
+                n = int.from_bytes(chunk[4:8], order)
+                if chunk[:4] == b"data":
+                    if n not in (0, 0xFFFFFFFF) and pos + 8 + n > size:
+                        raise AudioError(path, f"truncated: the header declares {n} bytes of audio, "
+                                               f"the file holds {size - pos - 8}")
+                    return
+                pos += 8 + n + (n & 1)
+        elif head[:4] == b"OggS":
+            f.seek(max(0, size - 65536))
+            tail = f.read()
+            last = tail.rfind(b"OggS")
+            page = tail[last:]
+            if last < 0 or len(page) < 27:
+                raise AudioError(path, "truncated: the last Ogg page is cut off")
+            n_segments = page[26]
+            if len(page) < 27 + n_segments or len(page) < 27 + n_segments + sum(page[27 : 27 + n_segments]):
+                raise AudioError(path, "truncated: the last Ogg page is cut off")
+            if not page[5] & 0x04:
+                raise AudioError(path, "truncated: the Ogg stream has no end-of-stream page")
+
+
+def _decode(index: int, path: str, sample_rate: int, channels: int, max_seconds: float | None) -> Decoded:
+    try:
+        info = audio_info(path)
+        check_not_truncated(path)
+        if max_seconds is not None and info.duration > max_seconds:
+            raise AudioError(path, f"too long ({info.duration:.1f} s > --max-file-seconds {max_seconds:g})")
+        if info.duration > STREAM_BLOCK_SECONDS:
+            return Decoded(index, stream=True)
+        blocks = list(iter_audio_blocks(path, sample_rate, channels, STREAM_BLOCK_SECONDS))
+        wav = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)
+        return Decoded(index, wav=wav.numpy())
+    except AudioError as e:
+        return Decoded(index, error=e.reason)
+    except Exception as e:  # an unreadable file must never stop the run
+        return Decoded(index, error=f"unexpected {type(e).__name__}: {e}")
+
+
+def _worker_init() -> None:
+    torch.set_num_threads(1)
+
+
+class _OrderedDecoder:
+    """Decode files in order with a bounded read-ahead, in `workers` processes (0: inline)."""
+
+    def __init__(self, workers: int, sample_rate: int, channels: int, max_seconds: float | None):
+        self.args = (sample_rate, channels, max_seconds)
+        self.pool = mp.get_context("spawn").Pool(workers, initializer=_worker_init) if workers > 0 else None
+        self.ahead = max(2, 4 * workers)
+
+    def map(self, files: list[SourceFile]) -> Iterator[Decoded]:
+        if self.pool is None:
+            for i, f in enumerate(files):
+                yield _decode(i, str(f.path), *self.args)
+            return
+        pending: deque = deque()
+        todo = iter(enumerate(files))
+        for i, f in todo:
+            pending.append(self.pool.apply_async(_decode, (i, str(f.path), *self.args)))
+            if len(pending) >= self.ahead:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+def _read_ahead(blocks: Iterator[torch.Tensor], depth: int = 2) -> Iterator[torch.Tensor]:
+    """Run a block iterator in a background thread (libsndfile and resampling release the GIL)."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def run():
+        try:
+            for b in blocks:
+                if stop.is_set():
+                    return
+                q.put(b)
+            q.put(done)
+        except BaseException as e:  # re-raised in the consumer
+            q.put(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while t.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                t.join(0.01)
+
+
+# ---------------------------------------------------------------------------------------------
+# pieces: what one encoder call sees of a file
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Piece:
+    """Frames [start, stop) of file `index`'s padded signal, of which [keep_lo, keep_hi) are kept.
+
+    wav: [C, (stop - start) * hop]. at_end: `stop` is the file's true last frame.
+    """
+
+    index: int
+    start: int
+    stop: int
+    keep_lo: int
+    keep_hi: int
+    wav: torch.Tensor
+    at_end: bool
+
+    @property
+    def frames(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class Plan:
+    """Frame geometry shared by all pieces."""
+
+    hop: int
+    left: int  # L: frames of past context a frame needs
+    right: int  # R: frames of look-ahead a frame needs (0 for a causal encoder)
+    chunk_frames: int
+
+    @classmethod
+    def for_codec(cls, codec, chunk_seconds: float) -> "Plan":
+        lo, hi = codec.frame_span
+        hop = codec.hop_length
+        chunk_frames = max(1, int(round(chunk_seconds * codec.frame_rate)))
+        return cls(hop=hop, left=math.ceil(-lo / hop), right=max(0, math.ceil((hi + 1) / hop) - 1),
+                   chunk_frames=chunk_frames)
+
+    def whole(self, index: int, wav: torch.Tensor) -> Iterator[Piece]:
+        """Pieces of a file held in memory: wav [C, S]."""
+        return self.stream(index, iter([wav]))
+
+    def stream(self, index: int, blocks: Iterator[torch.Tensor]) -> Iterator[Piece]:
+        """Pieces of a file given as consecutive sample blocks [C, s_i]; keeps O(chunk) samples.
+
+        The last yielded item is the file's length in samples (an int), once the stream ends.
+        """
+        buf: list[torch.Tensor] = []
+        buf_start = 0  # sample index of buf[0][:, 0]
+        buf_len = 0
+        core = 0  # first frame of the next core
+        hop, L, R, N = self.hop, self.left, self.right, self.chunk_frames
+        total = 0
+        for block in blocks:
+            buf.append(block)
+            buf_len += block.shape[1]
+            total += block.shape[1]
+            # Emit full chunks while the buffer reaches past their look-ahead (and a bit more, so
+            # the last chunk is never emitted before we know whether the file ends right there).
+            while (core + N + R) * hop < buf_start + buf_len:
+                lo, hi = max(0, core - L), core + N + R
+                wav = torch.cat(buf, dim=1)
+                yield Piece(index, lo, hi, core, core + N, wav[:, lo * hop - buf_start : hi * hop - buf_start], False)
+                core += N
+                keep_from = max(0, core - L) * hop
+                buf, buf_len = [wav[:, keep_from - buf_start :]], buf_start + buf_len - keep_from
+                buf_start = keep_from
+        if total == 0:
+            raise AudioError("<stream>", "no samples decoded")
+        n_frames = math.ceil(total / hop)
+        lo = max(0, core - L)
+        wav = torch.cat(buf, dim=1)[:, lo * hop - buf_start :]
+        wav = torch.nn.functional.pad(wav, (0, (n_frames - lo) * hop - wav.shape[1]))
+        yield Piece(index, lo, n_frames, core, n_frames, wav, True)
+        yield total
+
+    def tail(self, p: Piece) -> Piece:
+        """An unpadded piece that recomputes the last R frames of an end piece."""
+        lo = max(0, p.stop - self.left - self.right)
+        keep_lo = max(p.keep_lo, p.stop - self.right)
+        wav = p.wav[:, (lo - p.start) * self.hop :]
+        return Piece(p.index, lo, p.stop, keep_lo, p.stop, wav, True)
+
+
+def encode_pieces(codec, pieces: list[Piece], plan: Plan) -> list[tuple[Piece, np.ndarray]]:
+    """Encode pieces in one zero-padded batch -> [(piece, codes [keep_hi - keep_lo, N_c])].
+
+    End pieces shorter than the batch lose their last R frames here; the caller re-encodes those
+    with `plan.tail` pieces (grouped so that they need no padding).
+    """
+    longest = max(p.frames for p in pieces)
+    wav = torch.zeros(len(pieces), pieces[0].wav.shape[0], longest * plan.hop)
+    for i, p in enumerate(pieces):
+        wav[i, :, : p.wav.shape[1]] = p.wav
+    codes = codec.encode(wav).cpu()  # [B, N_c, longest]
+    out = []
+    for i, p in enumerate(pieces):
+        hi = p.keep_hi
+        if p.at_end and p.frames < longest:
+            hi = max(p.keep_lo, p.keep_hi - plan.right)
+        if hi > p.keep_lo:
+            out.append((p, codes[i, :, p.keep_lo - p.start : hi - p.start].T.numpy()))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class TokenizeSummary:
+    files_found: int = 0
+    files_skipped: int = 0  # already tokenized (resume)
+    files_tokenized: int = 0
+    files_failed: int = 0
+    audio_seconds: float = 0.0  # tokenized in this run
+    wall_seconds: float = 0.0
+    errors: list[dict] = field(default_factory=list)
+
+    @property
+    def realtime_factor(self) -> float:
+        return self.audio_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def lines(self) -> list[str]:
+        return [
+            f"files: {self.files_found} found, {self.files_tokenized} tokenized, "
+            f"{self.files_skipped} already done, {self.files_failed} failed",
+            f"audio: {self.audio_seconds / 3600:.3f} h in {self.wall_seconds:.1f} s "
+            f"({self.realtime_factor:.1f}x real time)",
+        ]
+
+
+@dataclass
+class _FileState:
+    source: SourceFile
+    parts: dict[int, np.ndarray] = field(default_factory=dict)  # keep_lo -> codes
+    emitted: int = 0
+    n_frames: int | None = None  # known once the file is fully decoded
+    seconds: float = 0.0
+    failed: str | None = None
+    begun: bool = False
+
+
+def codec_meta(codec) -> dict[str, Any]:
+    """What codec.json records about a codec."""
+    config = codec.config.to_dict() if hasattr(codec.config, "to_dict") else dataclasses.asdict(codec.config)
+    return {"fingerprint": codec.fingerprint(), "n_codebooks": codec.n_codebooks,
+            "codebook_size": codec.codebook_size, "frame_rate": float(codec.frame_rate),
+            "sample_rate": codec.sample_rate, "codec_config": config}
+
+
+def tokenize_folder(
+    audio_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    codec,
+    *,
+    workers: int = 1,
+    batch_seconds: float = 20.0,
+    chunk_seconds: float = 10.0,
+    max_file_seconds: float | None = None,
+    shard_frames: int = DEFAULT_SHARD_FRAMES,
+    progress: bool = True,
+    on_progress: Callable[[TokenizeSummary], None] | None = None,
+) -> TokenizeSummary:
+    """Tokenize every audio file under `audio_dir` into the token folder `out_dir` (see module doc).
+
+    Returns a summary; `summary.errors` lists the files that failed (also in errors.jsonl).
+    """
+    if workers < 0:
+        raise ValueError(f"--workers must be >= 0, got {workers}")
+    if not batch_seconds > 0 or not chunk_seconds > 0:
+        raise ValueError("--batch-seconds and --chunk-seconds must be > 0")
+    if max_file_seconds is not None and not max_file_seconds > 0:
+        raise ValueError("--max-file-seconds must be > 0")
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    files = find_audio_files(audio_dir, exclude=out)
+    if not files:
+        raise FileNotFoundError(f"no audio files ({', '.join(AUDIO_SUFFIXES)}) under {audio_dir}")
+    writer = ShardWriter(out, codec_meta(codec), shard_frames=shard_frames)
+    summary = TokenizeSummary(files_found=len(files))
+    todo = []
+    for f in files:
+        done = writer.done.get(f.rel)
+        if done is None:
+            todo.append(f)
+        elif (done.size, done.mtime_ns) != (f.size, f.mtime_ns):
+            summary.errors.append({"path": f.rel, "reason": "changed since it was tokenized (size or mtime differ "
+                                   "from the manifest); its old tokens are kept - tokenize into a new folder to "
+                                   "refresh them"})
+        else:
+            summary.files_skipped += 1
+    codec.eval()
+    plan = Plan.for_codec(codec, chunk_seconds)
+    run = _Run(codec, plan, writer, todo, summary, batch_seconds, progress, on_progress, t0)
+    decoder = _OrderedDecoder(workers, codec.sample_rate, codec.channels, max_file_seconds)
+    try:
+        run.go(decoder)
+        writer.close()
+    finally:
+        decoder.close()
+        run.close_bar()
+        writer.discard()
+    summary.files_failed = len(summary.errors)
+    summary.wall_seconds = time.perf_counter() - t0
+    write_errors(out, summary.errors)
+    return summary
+
+
+class _Run:
+    """The state of one tokenize run: decoded pieces -> batches -> codes -> files in order."""
+
+    def __init__(self, codec, plan: Plan, writer: ShardWriter, todo: list[SourceFile], summary: TokenizeSummary,
+                 batch_seconds: float, progress: bool, on_progress, t0: float):
+        self.codec, self.plan, self.writer, self.summary = codec, plan, writer, summary
+        self.files = [_FileState(f) for f in todo]
+        self.head = 0  # index of the next file to hand to the writer
+        self.buffer: list[Piece] = []
+        self.buffered_frames = 0
+        self.batch_frames = max(1, int(batch_seconds * codec.frame_rate))
+        self.lookahead_frames = 8 * self.batch_frames
+        self.on_progress = on_progress
+        self.t0 = t0
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=len(todo), unit="file", desc="tokenizing", dynamic_ncols=True)
+
+    def go(self, decoder: _OrderedDecoder) -> None:
+        sr, ch = self.codec.sample_rate, self.codec.channels
+        for d in decoder.map([s.source for s in self.files]):
+            state = self.files[d.index]
+            if d.error is not None:
+                self._fail(d.index, d.error)
+                continue
+            if d.stream:
+                blocks = _read_ahead(iter_audio_blocks(state.source.path, sr, ch, STREAM_BLOCK_SECONDS))
+                pieces = self.plan.stream(d.index, blocks)
+            else:
+                pieces = self.plan.whole(d.index, torch.from_numpy(d.wav))
+            try:
+                for item in pieces:
+                    if isinstance(item, int):
+                        state.n_frames, state.seconds = math.ceil(item / self.plan.hop), item / sr
+                    else:
+                        self._add(item)
+            except AudioError as e:
+                self._fail(d.index, e.reason)
+            except Exception as e:
+                self._fail(d.index, f"unexpected {type(e).__name__}: {e}")
+            self._emit()
+        self._flush()
+        self._emit()
+
+    def _add(self, piece: Piece) -> None:
+        self.buffer.append(piece)
+        self.buffered_frames += piece.frames
+        if self.buffered_frames >= self.lookahead_frames:
+            self._flush()
+            self._emit()
+
+    def _flush(self) -> None:
+        """Encode everything buffered: sorted by length, in batches of about batch_frames."""
+        pieces = sorted((p for p in self.buffer if self.files[p.index].failed is None), key=lambda p: -p.frames)
+        self.buffer, self.buffered_frames = [], 0
+        tails: dict[int, list[Piece]] = {}
+        for batch in _batches(pieces, self.batch_frames):
+            longest = batch[0].frames
+            for p, codes in encode_pieces(self.codec, batch, self.plan):
+                self.files[p.index].parts[p.keep_lo] = codes
+            for p in batch:
+                if p.at_end and p.frames < longest and self.plan.right > 0:
+                    t = self.plan.tail(p)
+                    tails.setdefault(t.frames, []).append(t)
+        for same_length in tails.values():  # equal lengths: no padding, so every frame is exact
+            for batch in _batches(same_length, self.batch_frames):
+                for p, codes in encode_pieces(self.codec, batch, self.plan):
+                    self.files[p.index].parts[p.keep_lo] = codes
+
+    def _emit(self) -> None:
+        """Hand finished frames to the writer, strictly in file order."""
+        while self.head < len(self.files):
+            s = self.files[self.head]
+            if s.failed is None:
+                while s.emitted in s.parts:
+                    codes = s.parts.pop(s.emitted)
+                    if not s.begun:
+                        self.writer.begin(s.source.rel, s.source.size, s.source.mtime_ns)
+                        s.begun = True
+                    self.writer.write(codes)
+                    s.emitted += len(codes)
+                if s.n_frames is None or s.emitted < s.n_frames:
+                    return
+                self.writer.end(s.seconds)
+                self.summary.files_tokenized += 1
+                self.summary.audio_seconds += s.seconds
+            self.files[self.head] = None  # free the memory
+            self.head += 1
+            self._tick()
+
+    def _fail(self, index: int, reason: str) -> None:
+        s = self.files[index]
+        s.failed = reason
+        s.parts.clear()
+        if s.begun:
+            self.writer.abort()
+        self.summary.errors.append({"path": s.source.rel, "reason": reason})
+
+    def _tick(self) -> None:
+        self.summary.wall_seconds = time.perf_counter() - self.t0
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(f"{self.summary.audio_seconds / 3600:.2f} h audio, "
+                                     f"{self.summary.realtime_factor:.0f}x real time, "
+                                     f"{len(self.summary.errors)} failed", refresh=False)
+        if self.on_progress is not None:
+            self.on_progress(self.summary)
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _batches(pieces: list[Piece], batch_frames: int) -> Iterator[list[Piece]]:
+    """Cut pieces sorted by decreasing length into batches whose padded size <= batch_frames."""
+    batch: list[Piece] = []
+    for p in pieces:
+        if batch and (len(batch) + 1) * batch[0].frames > batch_frames:
+            yield batch
+            batch = []
+        batch.append(p)
+    if batch:
+        yield batch
