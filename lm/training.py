@@ -29,6 +29,7 @@ import random
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -340,16 +341,17 @@ class LMTrainingCLI(LightningCLI):
 
 
 def train_main(args: Sequence[str] | None = None) -> int:
-    """`rvqlm train-lm ARGS`: LightningCLI `fit` with ARGS (e.g. --config recipes/lm_tiny.yaml)."""
+    """`rvqlm train-lm ARGS`: LightningCLI `fit` with ARGS (e.g. --config recipes/lm_tiny.yaml).
+
+    sys.argv is left alone: Lightning's DDP launcher re-runs it to start the other ranks.
+    """
     args = list(sys.argv[1:] if args is None else args)
     if args and args[0] == "fit":
         args = args[1:]
-    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI reads `args`, never the outer command line
-    try:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within")
         LMTrainingCLI(LMTrainingModule, TokenDataModule, args=["fit", *args],
                       save_config_kwargs={"overwrite": True},
                       trainer_defaults={"plugins": [{"class_path": "lm.training.AtomicCheckpointIO"}]},
                       parser_kwargs={"fit": {"default_env": False}})
-    finally:
-        sys.argv = argv
     return 0
