@@ -1,9 +1,122 @@
-"""`rvqlm codec` subcommands (being built)."""
+"""`rvqlm train-codec`, `rvqlm reconstruct`, `rvqlm encode`, `rvqlm decode`.
+
+    rvqlm train-codec --config recipes/codec_speech.yaml [LightningCLI overrides, --ckpt_path CKPT]
+    rvqlm reconstruct IN.wav OUT.wav --codec DIR [--n-codebooks k]
+    rvqlm encode IN.wav OUT.rvq --codec DIR [--n-codebooks k]
+    rvqlm decode IN.rvq OUT.wav --codec DIR
+"""
 
 from __future__ import annotations
 
 import argparse
 
+#: Whole-file commands hold the signal and the decoder's activations in memory; longer files
+#: belong to `rvqlm tokenize` (chunked).
+MAX_SECONDS = 180.0
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    return None
+    # Everything after `train-codec` goes to LightningCLI untouched (its own --help included):
+    # a prefix char no argument starts with keeps argparse from reading `--config` itself.
+    p = sub.add_parser("train-codec", add_help=False, prefix_chars="\x00",
+                       help="train a codec with LightningCLI (e.g. --config recipes/codec_speech.yaml)")
+    p.add_argument("lightning_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("reconstruct", help="encode and decode an audio file (hear what the codec keeps)")
+    p.add_argument("input", help="audio file (any format libsndfile reads; resampled to the codec's rate)")
+    p.add_argument("output", help="output audio file (format from the suffix, e.g. .wav, .flac)")
+    _common(p)
+    p.set_defaults(func=_reconstruct)
+
+    p = sub.add_parser("encode", help="audio file -> .rvq codes file")
+    p.add_argument("input", help="audio file")
+    p.add_argument("output", help="output .rvq file")
+    _common(p)
+    p.set_defaults(func=_encode)
+
+    p = sub.add_parser("decode", help=".rvq codes file -> audio file (refuses codes of another codec)")
+    p.add_argument("input", help=".rvq file written by `rvqlm encode`")
+    p.add_argument("output", help="output audio file")
+    p.add_argument("--codec", required=True, help="codec folder (config.json + model.safetensors)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.set_defaults(func=_decode)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--codec", required=True, help="codec folder (config.json + model.safetensors)")
+    p.add_argument("--n-codebooks", type=int, default=None, metavar="K",
+                   help="use only the first K codebooks (lower bitrate); default all")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from codec.training import train_codec
+
+    train_codec(args.lightning_args)
+    return 0
+
+
+def _load(args: argparse.Namespace):
+    from codec import Codec
+
+    codec = Codec.from_pretrained(args.codec, map_location=args.device)
+    k = getattr(args, "n_codebooks", None)
+    if k is not None and not 1 <= k <= codec.n_codebooks:
+        raise ValueError(f"--n-codebooks must be in 1..{codec.n_codebooks} for this codec, got {k}")
+    return codec
+
+
+def _read_audio(path: str, codec):
+    from codec.audio import load_audio
+
+    return load_audio(path, codec.sample_rate, codec.channels, max_seconds=MAX_SECONDS)
+
+
+def _reconstruct(args: argparse.Namespace) -> int:
+    from codec.audio import save_audio
+
+    codec = _load(args)
+    wav = _read_audio(args.input, codec)  # [C, S]
+    codes = codec.encode(wav[None], n_q=args.n_codebooks)
+    out = codec.decode(codes)[0, :, : wav.shape[-1]]
+    save_audio(args.output, out, codec.sample_rate)
+    k = codes.shape[1]
+    print(f"{args.output}: {wav.shape[-1] / codec.sample_rate:.2f} s through {k} codebooks "
+          f"({codec.bitrate_kbps(k):.2f} kbps)")
+    return 0
+
+
+def _encode(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from codec.rvq_file import write_rvq
+
+    codec = _load(args)
+    wav = _read_audio(args.input, codec)
+    codes = codec.encode(wav[None], n_q=args.n_codebooks)[0]  # [k, T]
+    header = {"codec_fingerprint": codec.fingerprint(), "sample_rate": codec.sample_rate,
+              "frame_rate": codec.frame_rate, "codebook_size": codec.codebook_size,
+              "channels": codec.channels, "n_samples": int(wav.shape[-1]), "source": Path(args.input).name}
+    write_rvq(args.output, codes, header)
+    print(f"{args.output}: {codes.shape[1]} frames x {codes.shape[0]} codebooks "
+          f"({codec.bitrate_kbps(codes.shape[0]):.2f} kbps)")
+    return 0
+
+
+def _decode(args: argparse.Namespace) -> int:
+    from codec.audio import save_audio
+    from codec.rvq_file import read_rvq
+
+    codec = _load(args)
+    codes, header = read_rvq(args.input)
+    fingerprint = codec.fingerprint()
+    if header["codec_fingerprint"] != fingerprint:
+        raise ValueError(f"{args.input} was made by codec {header['codec_fingerprint'][:16]}..., but {args.codec} "
+                         f"is codec {fingerprint[:16]}...; decode it with the codec that encoded it")
+    if codes.shape[1] == 0:
+        raise ValueError(f"{args.input} holds no frames")
+    wav = codec.decode(codes[None])[0, :, : int(header["n_samples"])]
+    save_audio(args.output, wav, codec.sample_rate)
+    print(f"{args.output}: {wav.shape[-1] / codec.sample_rate:.2f} s from {codes.shape[0]} codebooks")
+    return 0

@@ -1,0 +1,25 @@
+"""rvqlm's neural audio codec: SEANet encoder, residual vector quantizer, SEANet decoder.
+
+    from codec import Codec, CodecConfig
+    codec = Codec.from_pretrained("runs/codec/pretrained")
+    codes = codec.encode(wav)      # [B, C, S] -> LongTensor [B, N_c, T]
+    wav = codec.decode(codes)      # [B, k, T] -> [B, C, T * hop]
+
+Names are imported lazily so `import codec.audio` stays light.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Codec", "CodecConfig", "read_rvq", "write_rvq"]
+
+
+def __getattr__(name: str):
+    if name in ("Codec", "CodecConfig"):
+        from codec import model
+
+        return getattr(model, name)
+    if name in ("read_rvq", "write_rvq"):
+        from codec import rvq_file
+
+        return getattr(rvq_file, name)
+    raise AttributeError(f"module 'codec' has no attribute {name!r}")

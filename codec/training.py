@@ -1,0 +1,229 @@
+"""Lightning training of the codec, and the `rvqlm train-codec` entry point (LightningCLI).
+
+`CodecModule` trains with manual optimization: one optimizer for the codec and, when
+`adversarial` is on (from `adversarial_start_step`), a second one for the multi-scale STFT
+discriminator (hinge loss; the codec adds hinge + feature-matching terms). `trainer.global_step`
+counts codec steps only. Every step logs the losses, the bitrate actually used (quantizer
+dropout varies it), per-codebook usage (perplexity, normalized entropy, dead codes) and the
+throughput in seconds of audio per second; validation logs mel distance, SI-SDR and L1 at the
+full bitrate and mel distance with fewer codebooks, and writes a few audio examples (TensorBoard
+`add_audio`, or wav files under `<log dir>/audio/` for other loggers).
+
+After `fit`, `train_codec` exports the best checkpoint (lowest validation mel distance, else the
+last weights) with `Codec.save_pretrained` to `<run dir>/pretrained/`, discriminator included.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from codec.audio import save_audio
+from codec.data import CodecDataModule
+from codec.discriminator import (MultiScaleSTFTDiscriminator, discriminator_hinge_loss, feature_matching_loss,
+                                 generator_hinge_loss)
+from codec.losses import MultiScaleMelLoss, mel_distance, si_sdr, waveform_l1
+from codec.model import Codec, CodecConfig
+
+
+class CodecModule(L.LightningModule):
+    """The codec plus its losses (and optional discriminator), trained on batches wav [B, C, S].
+
+    codec: the architecture (a CodecConfig; a dict of its fields is accepted too, as stored in
+    checkpoints). Loss weights: mel_weight * multi-scale log-mel L1 + l1_weight * waveform L1 +
+    commitment (weighted by codec.commitment_weight) [+ adv_weight * hinge + feat_weight *
+    feature matching]. lr_gamma: per-step exponential learning-rate decay.
+    """
+
+    def __init__(self, codec: CodecConfig = CodecConfig(), lr: float = 3e-4, betas: Sequence[float] = (0.8, 0.99),
+                 weight_decay: float = 0.0, lr_gamma: float = 1.0, grad_clip: Optional[float] = 1000.0,
+                 mel_weight: float = 15.0, l1_weight: float = 1.0, mel_n_ffts: Sequence[int] = (256, 512, 1024, 2048),
+                 adversarial: bool = False, adversarial_start_step: int = 0, adv_weight: float = 1.0,
+                 feat_weight: float = 2.0, disc_lr: float = 3e-4, disc_n_ffts: Sequence[int] = (1024, 512, 256),
+                 disc_filters: int = 32, audio_examples: int = 2):
+        super().__init__()
+        config = codec if isinstance(codec, CodecConfig) else CodecConfig.from_dict(dict(codec or {}))
+        # Checkpoints hold only plain types (they load with torch.load(weights_only=True)).
+        self.save_hyperparameters(ignore=["codec"])
+        self.hparams["codec"] = config.to_dict()
+        self.hparams["betas"] = list(betas)
+        self.hparams["mel_n_ffts"], self.hparams["disc_n_ffts"] = list(mel_n_ffts), list(disc_n_ffts)
+        self.automatic_optimization = False
+        self.codec = Codec(config)
+        self.mel_loss = MultiScaleMelLoss(config.sample_rate, mel_n_ffts)
+        self.discriminator = (MultiScaleSTFTDiscriminator(disc_n_ffts, config.channels, disc_filters)
+                              if adversarial else None)
+        self._last_step_end: float | None = None
+        self._originals_written = False
+
+    # ------------------------------------------------------------------ optimization
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        opt_g = torch.optim.AdamW(self.codec.parameters(), lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
+        sched_g = torch.optim.lr_scheduler.ExponentialLR(opt_g, gamma=hp.lr_gamma)
+        if self.discriminator is None:
+            return [opt_g], [sched_g]
+        opt_d = torch.optim.AdamW(self.discriminator.parameters(), lr=hp.disc_lr, betas=tuple(hp.betas))
+        sched_d = torch.optim.lr_scheduler.ExponentialLR(opt_d, gamma=hp.lr_gamma)
+        return [opt_g, opt_d], [sched_g, sched_d]
+
+    def _adversarial_now(self) -> bool:
+        return self.discriminator is not None and self.global_step >= self.hparams.adversarial_start_step
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        hp = self.hparams
+        optimizers = self.optimizers()
+        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
+        schedulers = self.lr_schedulers()
+        schedulers = schedulers if isinstance(schedulers, list) else [schedulers]
+        wav = batch  # [B, C, S]
+
+        out = self.codec(wav)
+        recon = out.audio
+        mel = self.mel_loss(recon, wav)
+        l1 = waveform_l1(recon, wav)
+        commit = out.quantizer.commit_loss
+        loss = hp.mel_weight * mel + hp.l1_weight * l1 + commit
+        logs = {"train/mel": mel, "train/l1": l1, "train/commit": commit}
+
+        if self._adversarial_now():
+            opt_d = optimizers[1]
+            real_logits, _ = self.discriminator(wav)
+            fake_logits, _ = self.discriminator(recon.detach())
+            loss_d = discriminator_hinge_loss(real_logits, fake_logits)
+            opt_d.zero_grad(set_to_none=True)
+            self.manual_backward(loss_d)
+            if hp.grad_clip:
+                self.clip_gradients(opt_d, gradient_clip_val=hp.grad_clip, gradient_clip_algorithm="norm")
+            # Step the raw optimizer so that trainer.global_step counts codec updates only
+            # (Lightning counts every LightningOptimizer.step in manual optimization).
+            opt_d.optimizer.step()
+            schedulers[1].step()
+
+            self.discriminator.requires_grad_(False)
+            with torch.no_grad():
+                _, real_features = self.discriminator(wav)
+            fake_logits, fake_features = self.discriminator(recon)
+            adv = generator_hinge_loss(fake_logits)
+            feat = feature_matching_loss(real_features, fake_features)
+            self.discriminator.requires_grad_(True)
+            loss = loss + hp.adv_weight * adv + hp.feat_weight * feat
+            logs.update({"train/disc": loss_d, "train/adv": adv, "train/feat": feat})
+
+        opt_g = optimizers[0]
+        opt_g.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        if hp.grad_clip:
+            self.clip_gradients(opt_g, gradient_clip_val=hp.grad_clip, gradient_clip_algorithm="norm")
+        opt_g.step()
+        schedulers[0].step()
+
+        metrics = out.quantizer.metrics
+        logs["train/loss"] = loss
+        logs["train/kbps"] = self.codec.bitrate_kbps(float(metrics["n_q"]))
+        logs["train/lr"] = opt_g.param_groups[0]["lr"]
+        logs.update({f"codebook/{k}": v for k, v in metrics.items() if k != "n_q"})
+        now = time.perf_counter()
+        if self._last_step_end is not None:
+            audio_seconds = wav.shape[0] * wav.shape[-1] / self.codec.sample_rate
+            logs["train/step_seconds"] = now - self._last_step_end
+            logs["train/audio_per_second"] = audio_seconds / max(now - self._last_step_end, 1e-9)
+        self._last_step_end = now
+        self.log_dict(logs, on_step=True, on_epoch=False, batch_size=wav.shape[0])
+        self.log("loss", loss, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=wav.shape[0])
+        return loss.detach()
+
+    # ------------------------------------------------------------------ validation
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        wav = batch
+        out = self.codec(wav)
+        recon = out.audio
+        n = wav.shape[0]
+        logs = {
+            "val/mel_distance": mel_distance(recon, wav, self.codec.sample_rate).mean(),
+            "val/si_sdr": si_sdr(recon, wav).mean(),
+            "val/l1": waveform_l1(recon, wav),
+            "val/commit": out.quantizer.commit_loss,
+            "val/kbps": self.codec.bitrate_kbps(),
+        }
+        for k in sorted({1, self.codec.n_codebooks // 2} - {0, self.codec.n_codebooks}):
+            recon_k = self.codec(wav, n_q=k).audio
+            logs[f"val/mel_distance_k{k}"] = mel_distance(recon_k, wav, self.codec.sample_rate).mean()
+        self.log_dict(logs, on_step=False, on_epoch=True, batch_size=n)
+        self.log("val_mel", logs["val/mel_distance"], prog_bar=True, on_epoch=True, logger=False, batch_size=n)
+        if batch_idx == 0 and not self.trainer.sanity_checking:
+            self._write_audio_examples(wav, recon)
+
+    def _write_audio_examples(self, wav: torch.Tensor, recon: torch.Tensor) -> None:
+        n = min(self.hparams.audio_examples, wav.shape[0])
+        if n <= 0:
+            return
+        sr, step = self.codec.sample_rate, self.global_step
+        if isinstance(self.logger, TensorBoardLogger):
+            writer = self.logger.experiment
+            for i in range(n):  # TensorBoard audio is mono [1, S]
+                if not self._originals_written:
+                    writer.add_audio(f"audio/{i}/original", wav[i].mean(0, keepdim=True).clamp(-1, 1).cpu(), step, sr)
+                writer.add_audio(f"audio/{i}/reconstruction", recon[i].mean(0, keepdim=True).clamp(-1, 1).cpu(), step, sr)
+        else:
+            folder = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "audio"
+            for i in range(n):
+                if not self._originals_written:
+                    save_audio(folder / "original" / f"{i}.wav", wav[i], sr)
+                save_audio(folder / f"step{step:07d}" / f"{i}.wav", recon[i], sr)
+        self._originals_written = True
+
+
+# ---------------------------------------------------------------------------- export and entry point
+
+
+def export_pretrained(module: CodecModule, dest: str | Path, checkpoint: str | Path | None = None) -> Path:
+    """Save `module`'s codec (+ discriminator) with save_pretrained; from `checkpoint` if given.
+
+    The checkpoint is read with torch.load(weights_only=True): tensors and plain types only.
+    """
+    if checkpoint:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+        module.load_state_dict(state)
+    return module.codec.save_pretrained(dest, discriminator=module.discriminator)
+
+
+class CodecCLI(LightningCLI):
+    """LightningCLI without subcommands: parses a recipe, then `train_codec` runs fit + export."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("model.codec.sample_rate", "data.sample_rate")
+        parser.link_arguments("model.codec.channels", "data.channels")
+        parser.add_argument("--ckpt_path", type=Optional[str], default=None,
+                            help="resume training from this Lightning checkpoint")
+        parser.add_argument("--export_dir", type=Optional[str], default=None,
+                            help="where to save the trained codec (default: <run dir>/pretrained)")
+
+
+def train_codec(args: Sequence[str]) -> Path:
+    """`rvqlm train-codec ARGS`: parse a recipe + overrides, fit, export; returns the export folder."""
+    cli = CodecCLI(CodecModule, CodecDataModule, args=list(args), run=False, seed_everything_default=0,
+                   save_config_kwargs={"overwrite": True})
+    trainer = cli.trainer
+    trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path, weights_only=True)
+    callback = trainer.checkpoint_callback
+    best = getattr(callback, "best_model_path", "") if callback is not None else ""
+    run_dir = Path(trainer.log_dir or trainer.default_root_dir)
+    dest = Path(cli.config.export_dir) if cli.config.export_dir else run_dir / "pretrained"
+    out = export_pretrained(cli.model, dest, best or None)
+    print(f"codec saved to {out} ({'best checkpoint ' + str(best) if best else 'final weights'})")
+    return out
+
+
+def bitrate_label(codec: Codec, n_q: int | None = None) -> str:
+    n_q = codec.n_codebooks if n_q is None else n_q
+    return f"{n_q} x {math.ceil(math.log2(codec.codebook_size))} bits x {codec.frame_rate} Hz = {codec.bitrate_kbps(n_q):.2f} kbps"
