@@ -1,0 +1,253 @@
+"""Autoregressive generation of code frames with a MultiCodebookLM (seed 001: decoding + KV cache).
+
+The model works in pattern space: at step s it predicts one id per codebook, and the codebook
+pattern says which frame each one belongs to (delay: codebook k at step s holds frame s - k).
+Generation walks the pattern steps left to right:
+
+    step s:  input = bos (s = 0) or the ids chosen at step s - 1   -> logits for step s [B, N_c, |V|]
+             per codebook: a forced id if the pattern position is known (a prompt frame, or a
+             position the pattern marks invalid, which holds `pad`), else a sampled one.
+
+The prompt's steps are all forced, so they go through the model in one batched "prefill" pass;
+after it every step feeds exactly one position. With the KV cache (preallocated once for the
+whole generation) a step costs one position's projections plus one pass over the cached keys.
+
+Past the trained context (`max_seq_len` positions):
+* RoPE: a ring-buffer cache keeps the last max_seq_len positions. Keys are cached already rotated
+  and RoPE scores depend only on relative offsets, so nothing is recomputed and nothing changes at
+  the boundary: it equals a full forward with a sliding-window mask (`model(x, window=W)`).
+* learned / sinusoidal: the positions are baked into every cached key, so each step past the
+  context recomputes the last max_seq_len inputs from scratch (positions 0..W-1 again).
+
+`use_cache=False` recomputes the whole prefix at every step: the reference the cached path is
+tested against, and the baseline of `benchmarks/generate_speed.py`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from lm.model import MultiCodebookLM
+from lm.sampling import check_sampling_args, sample_next
+
+
+@dataclass
+class DecodeStep:
+    """One pattern step: `logits` [B, N_c, |V|] the model gave for step `step`, `tokens` [B, N_c] the
+    ids placed there (sampled, or forced where `forced` [N_c] is True)."""
+
+    step: int
+    logits: Tensor
+    tokens: Tensor
+    forced: Tensor
+
+
+@dataclass
+class GenerationPlan:
+    """Everything fixed before the first step.
+
+    seq [B, N_c, S]: the pattern sequence being filled; prompt codes and pad are in place already.
+    forced [N_c, S] bool: positions whose id is known in advance (prompt frames, invalid slots).
+    first_step: the first step with something to sample; steps before it are the prefill.
+    """
+
+    seq: Tensor
+    forced: Tensor
+    first_step: int
+    prompt_frames: int
+    new_frames: int
+
+    @property
+    def n_steps(self) -> int:
+        return self.seq.shape[-1]
+
+
+def check_prompt(model: MultiCodebookLM, prompt_codes: Tensor) -> None:
+    """Raise ValueError unless prompt_codes [B, N_c, T0] holds codes the model can be prompted with."""
+    cfg = model.cfg
+    if not isinstance(prompt_codes, Tensor) or prompt_codes.dim() != 3 or prompt_codes.shape[1] != cfg.n_codebooks:
+        shape = tuple(prompt_codes.shape) if isinstance(prompt_codes, Tensor) else type(prompt_codes).__name__
+        raise ValueError(f"prompt codes must have shape [B, {cfg.n_codebooks}, T0], got {shape}")
+    if prompt_codes.is_floating_point() or prompt_codes.is_complex() or prompt_codes.dtype == torch.bool:
+        raise ValueError(f"prompt codes must be integer ids, got {prompt_codes.dtype}")
+    if prompt_codes.shape[0] < 1:
+        raise ValueError("prompt codes must hold at least one sequence (B >= 1)")
+    if prompt_codes.numel() and bool(((prompt_codes < 0) | (prompt_codes >= cfg.codebook_size)).any()):
+        raise ValueError(f"prompt codes must be in 0..{cfg.codebook_size - 1} (the LM's codebook_size)")
+    t0 = prompt_codes.shape[-1]
+    if t0 > cfg.max_frames:
+        raise ValueError(f"the prompt has {t0} frames but the LM's context holds at most {cfg.max_frames} "
+                         f"(max_seq_len={cfg.max_seq_len} positions, {cfg.pattern} pattern over "
+                         f"{cfg.n_codebooks} codebooks); use a shorter prompt")
+
+
+def plan_generation(model: MultiCodebookLM, prompt_codes: Tensor, max_new_frames: int) -> GenerationPlan:
+    """Lay the prompt out in pattern space and mark what is forced. prompt_codes [B, N_c, T0]."""
+    check_prompt(model, prompt_codes)
+    if isinstance(max_new_frames, bool) or not isinstance(max_new_frames, int) or max_new_frames < 0:
+        raise ValueError(f"max_new_frames must be an integer >= 0, got {max_new_frames!r}")
+    cfg, pattern = model.cfg, model.pattern
+    b, n_c, t0 = prompt_codes.shape
+    total = t0 + max_new_frames
+    codes = prompt_codes.new_zeros(b, n_c, total, dtype=torch.long)
+    codes[..., :t0] = prompt_codes
+    seq, valid = pattern.build(codes, None, cfg.pad_id)  # [B, N_c, S]
+    steps = torch.arange(seq.shape[-1], device=seq.device)
+    frame = steps[None, :] - torch.tensor(pattern.delays(), device=seq.device)[:, None]  # [N_c, S]
+    forced = ~valid[0] | (frame < t0)
+    unknown = (~forced).any(dim=0).nonzero()
+    first_step = int(unknown[0]) if len(unknown) else seq.shape[-1]
+    return GenerationPlan(seq=seq, forced=forced, first_step=first_step, prompt_frames=t0,
+                          new_frames=max_new_frames)
+
+
+def _model_inputs(plan: GenerationPlan, bos_id: int) -> Tensor:
+    """[B, N_c, S] inputs: bos, then the sequence shifted right by one (input s = id at step s - 1)."""
+    seq = plan.seq
+    return torch.cat([torch.full_like(seq[..., :1], bos_id), seq[..., :-1]], dim=-1)
+
+
+def iter_decode(
+    model: MultiCodebookLM,
+    plan: GenerationPlan,
+    choose,
+    *,
+    use_cache: bool = True,
+) -> Iterator[DecodeStep]:
+    """Fill `plan.seq` step by step from `plan.first_step` on, yielding each step's logits and ids.
+
+    choose: logits [B, N_c, |V|] -> ids [B, N_c] (e.g. a partial of `sample_next`).
+    Runs under the caller's grad mode; `generate` wraps it in inference_mode.
+    """
+    cfg = model.cfg
+    seq, forced = plan.seq, plan.forced
+    n_steps, window = plan.n_steps, cfg.max_seq_len
+    if plan.first_step >= n_steps:
+        return
+    inputs = _model_inputs(plan, cfg.bos_id)  # kept in step with seq: inputs[..., s + 1] = seq[..., s]
+    rope = model.rope is not None
+    cache = None
+    if use_cache:
+        ring = rope and n_steps > window
+        cache = model.new_cache(seq.shape[0], max_len=min(n_steps, window), ring=ring)
+
+    for s in range(plan.first_step, n_steps):
+        if cache is not None and (s < window or rope):
+            # Prefill (the whole prompt at once) on the first step, one position afterwards.
+            start = 0 if s == plan.first_step else s
+            logits = model(inputs[..., start:s + 1], cache=cache)[:, :, -1]
+        elif s < window:  # full recompute inside the context
+            logits = model(inputs[..., :s + 1])[:, :, -1]
+        elif rope:  # full recompute past the context: sliding-window mask, the ring cache's exact twin
+            logits = model(inputs[..., :s + 1], window=window)[:, :, -1]
+        else:  # additive positions past the context: recompute the last window at positions 0..W-1
+            logits = model(inputs[..., s + 1 - window:s + 1])[:, :, -1]
+        chosen = choose(logits)
+        tokens = torch.where(forced[:, s], seq[..., s], chosen)
+        seq[..., s] = tokens
+        if s + 1 < n_steps:
+            inputs[..., s + 1] = tokens
+        yield DecodeStep(step=s, logits=logits, tokens=tokens, forced=forced[:, s])
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """A torch.Generator on `device` seeded with `seed` (None: use torch's global RNG)."""
+    if seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
+def generate(
+    model: MultiCodebookLM,
+    prompt_codes: Tensor | None,
+    max_new_frames: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    batch_size: int = 1,
+    use_cache: bool = True,
+    progress: bool = False,
+    frame_rate: float | None = None,
+) -> Tensor:
+    """Continue `prompt_codes` [B, N_c, T0] by `max_new_frames` frames -> codes [B, N_c, T0 + n].
+
+    The prompt frames are copied, never sampled. `prompt_codes=None` (or T0 = 0) generates from bos
+    alone, `batch_size` sequences at once (ignored when a prompt gives B). Rows are independent
+    samples drawn in one batched pass. Decoding: greedy, or sampling at `temperature` after top-k
+    then top-p (see lm.sampling). `generator` (or `seed`, which builds one on the model's device)
+    makes sampling reproducible. `progress` shows a tqdm bar with frames/s and, given `frame_rate`
+    (frames per second of audio), the real-time factor RTF = compute time / audio time generated
+    (< 1 is faster than real time).
+    """
+    check_sampling_args(temperature, top_k, top_p, greedy)
+    cfg, device = model.cfg, model.device
+    if prompt_codes is None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        prompt_codes = torch.zeros(batch_size, cfg.n_codebooks, 0, dtype=torch.long)
+    plan = plan_generation(model, prompt_codes.to(device), max_new_frames)
+    if generator is None:
+        generator = make_generator(seed, device)
+
+    def choose(logits: Tensor) -> Tensor:
+        return sample_next(logits, temperature, top_k, top_p, greedy, generator)
+
+    max_delay = max(model.pattern.delays())
+    was_training = model.training
+    model.eval()
+    bar = _progress_bar(max_new_frames, progress, frame_rate)
+    try:
+        with torch.inference_mode():
+            done = 0
+            for step in iter_decode(model, plan, choose, use_cache=use_cache):
+                # Frame t is complete once its most delayed codebook is placed, at step t + max_delay.
+                finished = min(max(step.step - max_delay + 1 - plan.prompt_frames, 0), max_new_frames)
+                if finished > done:
+                    bar.update(finished - done)
+                    done = finished
+            bar.update(max_new_frames - done)
+    finally:
+        bar.close()
+        model.train(was_training)
+    return model.pattern.revert(plan.seq)
+
+
+class _progress_bar:
+    """tqdm over generated frames showing frames/s and the real-time factor; a no-op when disabled."""
+
+    def __init__(self, total: int, enabled: bool, frame_rate: float | None):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="frame", desc="generate", dynamic_ncols=True)
+        self.frame_rate = frame_rate
+        self.start = time.perf_counter()
+        self.count = 0
+        self.last_postfix = 0.0
+
+    def update(self, n: int) -> None:
+        if self.bar is None or n <= 0:
+            return
+        self.count += n
+        self.bar.update(n)
+        now = time.perf_counter()
+        if self.frame_rate and (now - self.last_postfix > 0.5 or self.count == self.bar.total):
+            elapsed = now - self.start
+            self.bar.set_postfix(rtf=f"{elapsed / (self.count / self.frame_rate):.3f}", refresh=False)
+            self.last_postfix = now
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,246 @@
+"""Generation with the KV cache: pattern honoured, prompt forced, cache == recompute, past the context."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from lm import LMConfig, MultiCodebookLM
+from lm.generate import generate, iter_decode, plan_generation
+from lm.sampling import sample_next
+
+N_C, V = 3, 16
+
+
+def tiny_lm(pos: str = "rope", pattern: str = "delay", max_seq_len: int = 16, seed: int = 0) -> MultiCodebookLM:
+    """A 2-layer model with large random weights, so its choices depend strongly on the context
+    (at the N(0, 0.02) init every logit is ~0 and a broken cache could go unnoticed)."""
+    torch.manual_seed(seed)
+    cfg = LMConfig(n_codebooks=N_C, codebook_size=V, d_model=32, n_layers=2, n_heads=4, max_seq_len=max_seq_len,
+                   pos=pos, pattern=pattern)
+    model = MultiCodebookLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def prompt(b: int = 2, t0: int = 4, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, V, (b, N_C, t0), generator=torch.Generator().manual_seed(seed))
+
+
+def greedy(logits):
+    return logits.argmax(-1)
+
+
+# ---- shapes, prompt and pattern ---------------------------------------------------------------
+
+def test_output_shape_prompt_kept_and_codes_in_range():
+    model = tiny_lm()
+    p = prompt()
+    out = generate(model, p, 9, temperature=0.9, top_k=8, top_p=0.9, seed=0)
+    assert out.shape == (2, N_C, 4 + 9) and out.dtype == torch.long
+    assert torch.equal(out[..., :4], p)
+    assert out.min() >= 0 and out.max() < V  # no pad / bos leaks into the codes
+    assert len(out[..., 4:].unique()) > 3  # it really generated something varied
+
+
+def test_prompt_frames_are_forced_not_sampled():
+    # Build a prompt that greedy decoding would never produce: the model's own greedy continuation
+    # of a 1-frame prompt, with frame 1 replaced by codes differing from it.
+    model = tiny_lm()
+    p1 = prompt(1, 1)
+    own = generate(model, p1, 3, greedy=True)
+    forced = own[..., :3].clone()
+    forced[..., 1] = (own[..., 1] + 1) % V
+    out = generate(model, forced, 2, greedy=True)
+    assert torch.equal(out[..., :3], forced)
+
+
+def test_delay_pattern_codebook_k_at_step_s_is_frame_s_minus_k():
+    model = tiny_lm()
+    plan = plan_generation(model, prompt(1, 2), 5)
+    for _ in iter_decode(model, plan, greedy):
+        pass
+    seq, codes = plan.seq[0], model.pattern.revert(plan.seq)[0]  # [N_c, S], [N_c, T]
+    t = codes.shape[-1]
+    for k in range(N_C):
+        for s in range(seq.shape[-1]):
+            frame = s - k
+            expected = codes[k, frame] if 0 <= frame < t else model.cfg.pad_id
+            assert seq[k, s] == expected
+    # The forced mask: invalid slots and the 2 prompt frames; the first step to sample is frame 2's.
+    assert plan.first_step == 2
+    assert plan.forced[:, :2].all() and plan.forced[1, 2] and plan.forced[2, 3]
+    assert not plan.forced[0, 2] and not plan.forced[1, 3]
+
+
+def test_unconditional_generation_starts_from_bos():
+    model = tiny_lm()
+    out = generate(model, None, 6, greedy=True, batch_size=3)
+    assert out.shape == (3, N_C, 6)
+    assert (out == out[:1]).all()  # greedy from the same bos: identical rows
+    plan = plan_generation(model, torch.zeros(1, N_C, 0, dtype=torch.long), 6)
+    first = next(iter_decode(model, plan, greedy))
+    bos = torch.full((1, N_C, 1), model.cfg.bos_id)
+    with torch.no_grad():
+        assert torch.allclose(first.logits, model(bos)[:, :, 0], atol=1e-6)
+    assert torch.equal(generate(model, torch.zeros(3, N_C, 0, dtype=torch.long), 6, greedy=True), out)
+
+
+def test_batch_rows_are_independent():
+    model = tiny_lm()
+    p = prompt(3, 3)
+    together = generate(model, p, 7, greedy=True)
+    alone = torch.cat([generate(model, p[i:i + 1], 7, greedy=True) for i in range(3)])
+    assert torch.equal(together, alone)
+
+
+# ---- determinism ------------------------------------------------------------------------------
+
+def test_greedy_is_deterministic_and_equals_top_k_1():
+    model = tiny_lm()
+    p = prompt()
+    a = generate(model, p, 10, greedy=True)
+    b = generate(model, p, 10, greedy=True)
+    c = generate(model, p, 10, temperature=2.0, top_k=1, seed=5)
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_fixed_seed_is_reproducible():
+    model = tiny_lm()
+    p = prompt()
+    kw = dict(temperature=1.5, top_k=10, top_p=0.95)
+    a = generate(model, p, 12, seed=3, **kw)
+    b = generate(model, p, 12, generator=torch.Generator().manual_seed(3), **kw)
+    c = generate(model, p, 12, seed=4, **kw)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+# ---- KV cache against full recompute ----------------------------------------------------------
+
+def collect(model, plan, use_cache):
+    steps = list(iter_decode(model, plan, greedy, use_cache=use_cache))
+    return torch.stack([s.logits for s in steps], dim=2), plan.seq.clone()  # [B, N_c, n_steps, V]
+
+
+LOGIT_ATOL = 1e-4  # float32; the two paths differ only in summation order (observed ~1e-6)
+
+
+@pytest.mark.parametrize("pos", ["rope", "learned", "sinusoidal"])
+@pytest.mark.parametrize("pattern", ["delay", "parallel"])
+def test_cached_generation_equals_full_recompute_inside_the_context(pos, pattern):
+    model = tiny_lm(pos, pattern, max_seq_len=24)
+    p = prompt(2, 5)
+    with torch.no_grad():
+        plan_c = plan_generation(model, p, 12)
+        logits_c, seq_c = collect(model, plan_c, use_cache=True)
+        plan_r = plan_generation(model, p, 12)
+        logits_r, seq_r = collect(model, plan_r, use_cache=False)
+        assert torch.equal(seq_c, seq_r)  # greedy: same tokens
+        assert torch.allclose(logits_c, logits_r, atol=LOGIT_ATOL, rtol=0)
+        # ... and both equal ONE full forward pass over the final sequence.
+        inputs = torch.cat([torch.full_like(seq_c[..., :1], model.cfg.bos_id), seq_c[..., :-1]], dim=-1)
+        full = model(inputs)[:, :, plan_c.first_step:]
+        assert torch.allclose(logits_c, full, atol=LOGIT_ATOL, rtol=0)
+
+
+def test_each_cached_step_feeds_one_position_after_the_prefill():
+    model = tiny_lm(max_seq_len=32)
+    lengths = []
+    handle = model.register_forward_pre_hook(lambda m, args, kwargs: lengths.append(args[0].shape[-1]),
+                                             with_kwargs=True)
+    try:
+        generate(model, prompt(2, 6), 10, greedy=True)
+    finally:
+        handle.remove()
+    n_steps = model.pattern.sequence_length(16) - 6
+    assert lengths == [6 + 1] + [1] * (n_steps - 1)
+
+
+# ---- past the trained context -----------------------------------------------------------------
+
+def test_rope_ring_cache_runs_past_the_context_and_equals_sliding_window_recompute():
+    w = 10
+    model = tiny_lm("rope", max_seq_len=w)
+    p = prompt(2, 3)
+    with torch.no_grad():
+        plan_c = plan_generation(model, p, 30)  # 32 steps, 3x the context
+        logits_c, seq_c = collect(model, plan_c, use_cache=True)
+        plan_r = plan_generation(model, p, 30)
+        logits_r, seq_r = collect(model, plan_r, use_cache=False)
+        assert torch.equal(seq_c, seq_r)
+        assert torch.allclose(logits_c, logits_r, atol=LOGIT_ATOL, rtol=0)
+        # One windowed forward over everything gives the same logits: the ring cache IS a sliding window.
+        inputs = torch.cat([torch.full_like(seq_c[..., :1], model.cfg.bos_id), seq_c[..., :-1]], dim=-1)
+        full = model(inputs, window=w)[:, :, plan_c.first_step:]
+        assert torch.allclose(logits_c, full, atol=LOGIT_ATOL, rtol=0)
+    out = model.pattern.revert(seq_c)
+    assert out.shape == (2, N_C, 33) and out.max() < V
+    assert len(out[..., 3 + w:].unique()) > 3  # still generating varied codes far past the context
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
+def test_additive_positions_slide_a_recomputed_window_past_the_context(pos):
+    w = 10
+    model = tiny_lm(pos, max_seq_len=w)
+    p = prompt(2, 3)
+    with torch.no_grad():
+        plan = plan_generation(model, p, 25)
+        logits, seq = collect(model, plan, use_cache=True)
+        inputs = torch.cat([torch.full_like(seq[..., :1], model.cfg.bos_id), seq[..., :-1]], dim=-1)
+        # A step s past the context sees exactly the last w inputs, at positions 0..w-1.
+        for s in (w, w + 7, seq.shape[-1] - 1):
+            expected = model(inputs[..., s + 1 - w:s + 1])[:, :, -1]
+            assert torch.allclose(logits[:, :, s - plan.first_step], expected, atol=LOGIT_ATOL, rtol=0)
+        # Inside the context the cache is used and matches the plain forward.
+        assert torch.allclose(logits[:, :, :w - plan.first_step], model(inputs[..., :w])[:, :, plan.first_step:],
+                              atol=LOGIT_ATOL, rtol=0)
+    out = generate(model, p, 25, greedy=True, use_cache=False)
+    assert torch.equal(out, model.pattern.revert(seq))
+
+
+# ---- bookkeeping and errors -------------------------------------------------------------------
+
+def test_training_mode_is_restored_and_progress_bar_reports_rtf(capsys):
+    model = tiny_lm().train()
+    generate(model, prompt(1, 2), 5, greedy=True, progress=True, frame_rate=50)
+    assert model.training
+    err = capsys.readouterr().err
+    assert "5/5" in err and "frame" in err and "rtf=" in err
+
+
+def test_sampler_is_the_one_from_lm_sampling():
+    # generate's draw for the first step equals sample_next on the same logits with the same generator.
+    model = tiny_lm()
+    p = prompt(1, 3)
+    plan = plan_generation(model, p, 1)
+    g = torch.Generator().manual_seed(11)
+    choose = functools.partial(sample_next, temperature=0.7, top_k=5, top_p=0.8, greedy=False, generator=g)
+    with torch.no_grad():
+        step = next(iter_decode(model, plan, choose))
+    out = generate(model, p, 1, temperature=0.7, top_k=5, top_p=0.8, seed=11)
+    assert out[0, 0, 3] == step.tokens[0, 0]
+
+
+@pytest.mark.parametrize(
+    "codes, n, kwargs, match",
+    [
+        (torch.zeros(1, N_C, 15, dtype=torch.long), 1, {}, "context holds at most 14"),
+        (torch.zeros(1, N_C + 1, 2, dtype=torch.long), 1, {}, "shape"),
+        (torch.zeros(1, N_C, 2), 1, {}, "integer"),
+        (torch.full((1, N_C, 2), V), 1, {}, r"0\.\.15"),
+        (torch.zeros(1, N_C, 2, dtype=torch.long), -1, {}, "max_new_frames"),
+        (torch.zeros(1, N_C, 2, dtype=torch.long), 1, dict(temperature=0.0), "temperature"),
+        (torch.zeros(1, N_C, 2, dtype=torch.long), 1, dict(top_p=2.0), "top-p"),
+        (torch.zeros(1, N_C, 2, dtype=torch.long), 1, dict(top_k=0), "top-k"),
+    ],
+)
+def test_bad_requests_raise_clear_errors(codes, n, kwargs, match):
+    model = tiny_lm(max_seq_len=16)
+    with pytest.raises(ValueError, match=match):
+        generate(model, codes, n, **kwargs)
