@@ -317,6 +317,26 @@ def test_loss_per_codebook_matches_log_likelihood_and_is_near_log_v_at_init():
     assert (out.per_codebook() - math.log(64)).abs().max() < 0.2
 
 
+def test_bf16_autocast_loss_is_close_to_fp32():
+    """Training in bf16 (issue 4): the logits are bf16 but the cross-entropy runs in fp32 and stays close."""
+    cfg = tiny(codebook_size=64)
+    model = MultiCodebookLM(cfg).eval()
+    codes = torch.randint(0, 64, (2, cfg.n_codebooks, 12))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model.loss(codes)
+    assert low.loss.dtype == torch.float32
+    torch.testing.assert_close(low.loss, model.loss(codes).loss, atol=0.03, rtol=0)
+
+
+def test_dropout_is_active_in_training_only():
+    """Dropout (issue 4) perturbs training forwards and leaves evaluation deterministic."""
+    cfg = tiny(dropout=0.2)
+    model = MultiCodebookLM(cfg)
+    tokens = torch.randint(0, cfg.embedding_rows, (2, cfg.n_codebooks, 8))
+    assert not torch.allclose(model.train()(tokens), model(tokens))
+    torch.testing.assert_close(model.eval()(tokens), model(tokens))
+
+
 def test_bad_codes_are_refused_clearly():
     cfg = tiny()
     model = MultiCodebookLM(cfg)
