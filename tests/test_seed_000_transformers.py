@@ -29,7 +29,7 @@ def tiny(**overrides) -> LMConfig:
 
 
 def randomized(module: torch.nn.Module, std: float = 0.3, seed: int = 0) -> torch.nn.Module:
-    """float64, eval mode, every parameter redrawn from N(0, std^2) (norm gains around 1)."""
+    """float64, eval mode, frozen, every parameter redrawn from N(0, std^2) (norm gains around 1)."""
     gen = torch.Generator().manual_seed(seed)
     module = module.double().eval()
     with torch.no_grad():
@@ -42,6 +42,20 @@ def randomized(module: torch.nn.Module, std: float = 0.3, seed: int = 0) -> torc
 
 def tiny_model(**overrides) -> MultiCodebookLM:
     return randomized(MultiCodebookLM(tiny(**overrides)))
+
+
+def keep_first_input(module: torch.nn.Module, store: dict, key: str) -> None:
+    """Record the first input `module` receives as store[key] (the hook returns None: changes nothing)."""
+    def hook(mod, args):
+        store.setdefault(key, args[0])
+    module.register_forward_pre_hook(hook)
+
+
+def keep_first_output(module: torch.nn.Module, store: dict, key: str) -> None:
+    """Record the first output of `module` as store[key] (the hook returns None: changes nothing)."""
+    def hook(mod, args, out):
+        store.setdefault(key, out)
+    module.register_forward_hook(hook)
 
 
 def full_mask(n: int) -> torch.Tensor:
@@ -92,7 +106,7 @@ def test_additive_encoding_is_H_equals_E_plus_P(pos):
     model = tiny_model(pos=pos)
     ids = torch.tensor([[[1, 4, 4, 0, 6]]])
     seen = {}
-    model.blocks[0].register_forward_pre_hook(lambda m, args: seen.setdefault("H", args[0]))
+    keep_first_input(model.blocks[0], seen, "H")
     model(ids)
     E = model.embed(ids)[0]
     table = model.pos_embedding.table
@@ -210,7 +224,7 @@ def test_residual_stream_is_the_running_sum_of_embeddings_and_sublayer_outputs()
         block.ffn.register_forward_hook(keep)
         block.register_forward_hook(lambda m, args, out: shapes.append((tuple(args[0].shape), tuple(out.shape))))
     stream = {}
-    model.final_norm.register_forward_pre_hook(lambda m, args: stream.setdefault("top", args[0]))
+    keep_first_input(model.final_norm, stream, "top")
     model(ids)
     n, d = 6, model.cfg.d_model
     assert all(s == ((1, n, d), (1, n, d)) for s in shapes)  # every sublayer and block: n x d -> n x d
@@ -279,7 +293,7 @@ def test_inputs_are_the_targets_shifted_by_one_after_the_beginning_symbol():
     model = tiny_model()
     x = torch.tensor([[[4, 0, 6, 6, 2]]])  # x_1..x_T, T = 5
     seen = {}
-    model.register_forward_pre_hook(lambda m, args: seen.setdefault("inputs", args[0].clone()))
+    keep_first_input(model, seen, "inputs")
     result = model.loss(x)
     bos = model.cfg.bos_id
     assert seen["inputs"].tolist() == [[[bos, 4, 0, 6, 6]]]
@@ -352,7 +366,7 @@ def test_head_maps_each_final_normalized_row_to_vocabulary_logits():
     model = tiny_model()
     ids = torch.tensor([[[8, 1, 2, 3]]])
     seen = {}
-    model.final_norm.register_forward_hook(lambda m, args, out: seen.setdefault("rows", out))
+    keep_first_output(model.final_norm, seen, "rows")
     logits = model(ids)
     assert logits.shape == (1, 1, 4, model.cfg.codebook_size)  # |V| logits: never pad or bos
     torch.testing.assert_close(logits[0, 0], seen["rows"][0] @ model.head_weights()[0].T, rtol=0, atol=1e-12)
