@@ -136,7 +136,7 @@ class MultiCodebookLM(nn.Module):
         """
         cfg = self.cfg
         s = cfg.max_seq_len if seq_len is None else seq_len
-        matmul_params = sum(p.numel() for name, p in self.blocks.named_parameters() if p.dim() == 2)
+        matmul_params = sum(p.numel() for p in self.blocks.parameters() if p.dim() == 2)
         matmul_params += cfg.n_codebooks * cfg.codebook_size * cfg.d_model
         return 6 * matmul_params + 12 * cfg.n_layers * cfg.d_model * s
 
