@@ -14,6 +14,16 @@ from lm.sampling import sample_next
 N_C, V = 3, 16
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run one small op per layer per step: with 2 intra-op threads on a shared 2-core
+    machine, OpenMP waits dominate (measured ~50x slower). One thread is faster and deterministic."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_lm(pos: str = "rope", pattern: str = "delay", max_seq_len: int = 16, seed: int = 0) -> MultiCodebookLM:
     """A 2-layer model with large random weights, so its choices depend strongly on the context
     (at the N(0, 0.02) init every logit is ~0 and a broken cache could go unnoticed)."""
@@ -244,3 +254,124 @@ def test_bad_requests_raise_clear_errors(codes, n, kwargs, match):
     model = tiny_lm(max_seq_len=16)
     with pytest.raises(ValueError, match=match):
         generate(model, codes, n, **kwargs)
+
+
+# ---- the `rvqlm generate` command -------------------------------------------------------------
+
+CLI_NC, CLI_V = 2, 16
+
+
+@pytest.fixture(scope="module")
+def saved_pair(tmp_path_factory):
+    """A tiny random codec (16 kHz, 50 frames/s, 2 codebooks of 16) and a tiny LM on its tokens."""
+    from codec import Codec, CodecConfig
+
+    root = tmp_path_factory.mktemp("pair")
+    torch.manual_seed(0)
+    codec = Codec(CodecConfig(encoder_channels=2, decoder_channels=2, latent_dim=8, n_codebooks=CLI_NC,
+                              codebook_size=CLI_V, dilations=(1,))).eval()
+    codec.save_pretrained(root / "codec")
+    cfg = LMConfig(n_codebooks=CLI_NC, codebook_size=CLI_V, d_model=16, n_layers=1, n_heads=2, max_seq_len=40,
+                   codec_fingerprint=codec.fingerprint())
+    MultiCodebookLM(cfg).save_pretrained(root / "lm")
+    other = LMConfig(**{**cfg.to_dict(), "codec_fingerprint": "0" * 64})
+    MultiCodebookLM(other).save_pretrained(root / "lm_other_codec")
+    return root
+
+
+def run_cli(*argv):
+    from rvqlm.cli import main
+
+    return main(["generate", *map(str, argv)])
+
+
+def wav_seconds(path) -> float:
+    from codec.audio import audio_info
+
+    return audio_info(path).duration
+
+
+def test_cli_continues_a_real_speech_prompt(saved_pair, speech_files, tmp_path, capsys):
+    prompt = speech_files["test"][0]
+    out = tmp_path / "gen" / "out.wav"
+    rc = run_cli("--lm", saved_pair / "lm", "--codec", saved_pair / "codec", "--prompt", prompt,
+                 "--prompt-seconds", 0.3, "--seconds", 0.2, "--out", out, "--seed", 1, "--top-k", 8,
+                 "--top-p", 0.9, "--temperature", 0.8, "--no-progress")
+    assert rc == 0
+    assert wav_seconds(out) == pytest.approx(0.2)  # 10 frames of 20 ms
+    assert wav_seconds(tmp_path / "gen" / "out.full.wav") == pytest.approx(0.5)  # 15 prompt + 10 new frames
+    printed = capsys.readouterr().out
+    assert "real-time factor" in printed and "out.full.wav" in printed
+    assert sorted(p.name for p in (tmp_path / "gen").iterdir()) == ["out.full.wav", "out.wav"]  # no temp files
+
+
+def test_cli_several_samples_are_numbered_and_seeded(saved_pair, speech_files, tmp_path):
+    prompt = speech_files["test"][0]
+    common = ("--lm", saved_pair / "lm", "--codec", saved_pair / "codec", "--prompt", prompt,
+              "--prompt-seconds", 0.2, "--seconds", 0.1, "--num-samples", 3, "--seed", 7, "--no-progress")
+    assert run_cli(*common, "--out", tmp_path / "a" / "x.wav") == 0
+    assert run_cli(*common, "--out", tmp_path / "b" / "x.wav") == 0
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == ["x-1.full.wav", "x-1.wav", "x-2.full.wav", "x-2.wav", "x-3.full.wav", "x-3.wav"]
+    for name in names:  # same seed, same files
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_cli_without_prompt_writes_only_the_generation(saved_pair, tmp_path):
+    out = tmp_path / "free.wav"
+    assert run_cli("--lm", saved_pair / "lm", "--codec", saved_pair / "codec", "--seconds", 0.1,
+                   "--out", out, "--greedy", "--no-progress") == 0
+    assert wav_seconds(out) == pytest.approx(0.1)
+    assert [p.name for p in tmp_path.iterdir()] == ["free.wav"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--temperature", 0), "temperature must be > 0"),
+        (("--temperature", -0.5), "temperature must be > 0"),
+        (("--top-p", 1.5), "top-p must be in (0, 1]"),
+        (("--top-p", 0), "top-p must be in (0, 1]"),
+        (("--top-k", 0), "top-k must be an integer >= 1"),
+        (("--seconds", 0), "--seconds must be > 0"),
+        (("--num-samples", 0), "--num-samples must be >= 1"),
+        (("--prompt-seconds", 1), "--prompt-seconds needs --prompt"),
+    ],
+)
+def test_cli_bad_sampling_requests(saved_pair, tmp_path, capsys, extra, message):
+    rc = run_cli("--lm", saved_pair / "lm", "--codec", saved_pair / "codec", "--out", tmp_path / "o.wav",
+                 "--no-progress", *extra)
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rvqlm generate: error:") and message in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_cli_greedy_accepts_zero_temperature(saved_pair, tmp_path):
+    assert run_cli("--lm", saved_pair / "lm", "--codec", saved_pair / "codec", "--out", tmp_path / "o.wav",
+                   "--greedy", "--temperature", 0, "--seconds", 0.04, "--no-progress") == 0
+
+
+def test_cli_refuses_a_prompt_longer_than_the_context(saved_pair, speech_files, tmp_path, capsys):
+    # max_seq_len 40 with 2 codebooks (delay) holds 39 frames = 0.78 s; the corpus file is longer.
+    rc = run_cli("--lm", saved_pair / "lm", "--codec", saved_pair / "codec", "--prompt", speech_files["test"][0],
+                 "--out", tmp_path / "o.wav", "--no-progress")
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "context holds at most 39 frames (0.78 s" in err and "--prompt-seconds 0.78 or less" in err
+
+
+@pytest.mark.parametrize("which", ["missing", "not_a_codec", "other_codec"])
+def test_cli_refuses_a_wrong_codec(saved_pair, tmp_path, capsys, which):
+    lm_dir, codec_dir = saved_pair / "lm", saved_pair / "codec"
+    if which == "missing":
+        codec_dir, message = tmp_path / "nowhere", "no codec folder at"
+    elif which == "not_a_codec":
+        codec_dir, message = tmp_path / "empty", "is not a saved codec: config.json is missing"
+        codec_dir.mkdir()
+    else:
+        lm_dir, message = saved_pair / "lm_other_codec", "codec mismatch: the LM was trained on tokens of codec 0000"
+    rc = run_cli("--lm", lm_dir, "--codec", codec_dir, "--out", tmp_path / "o.wav", "--no-progress")
+    assert rc == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o.wav").exists()

@@ -1,9 +1,160 @@
-"""`rvqlm generate` subcommands (being built)."""
+"""`rvqlm generate`: continue a spoken prompt (or start from nothing) with the token LM.
+
+    rvqlm generate --lm runs/lm_speech/pretrained --codec runs/codec/pretrained \\
+        --prompt prompt.wav --prompt-seconds 3 --seconds 10 --out out.wav \\
+        [--temperature 1.0 --top-k 250 --top-p 0.95 | --greedy] [--seed 1] [--num-samples 4]
+
+The prompt is encoded by the codec into frames of N_c codes, the LM continues them (lm.generate:
+the codebook pattern it was trained with, a preallocated KV cache), and the codec decodes prompt +
+continuation in one pass, so the continuation is decoded with the prompt as its left context.
+Written, each atomically: `out.wav` (the continuation) and `out.full.wav` (prompt + continuation,
+both as decoded by the codec); with --num-samples N > 1, `out-1.wav`, `out-1.full.wav`, ... Without
+--prompt the LM starts from its start token and only `out.wav` is written.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    return None
+    p = sub.add_parser("generate", help="continue a speech prompt (or generate from scratch) with the LM",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lm", required=True, metavar="LM_DIR", help="an LM folder written by save_pretrained")
+    p.add_argument("--codec", required=True, metavar="CODEC_DIR",
+                   help="the saved codec whose tokens the LM was trained on")
+    p.add_argument("--prompt", default=None, metavar="AUDIO", help="audio to continue (default: none, start from bos)")
+    p.add_argument("--prompt-seconds", type=float, default=None,
+                   help="use only the first S seconds of the prompt (default: all of it)")
+    p.add_argument("--seconds", type=float, default=10.0, help="length of the continuation (default 10)")
+    p.add_argument("--out", required=True, metavar="OUT.wav", help="output file (see above for the names)")
+    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (> 0; default 1.0)")
+    p.add_argument("--top-k", type=int, default=250, help="keep the k most probable codes (default 250)")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="then keep the smallest top set with probability >= p, in (0, 1] (default 1: off)")
+    p.add_argument("--greedy", action="store_true", help="argmax decoding (ignores temperature, top-k, top-p)")
+    p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+    p.add_argument("--num-samples", type=int, default=1, help="continuations generated in one batch (default 1)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step (slow; a check)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_generate)
+
+
+@dataclass
+class OutputPaths:
+    continuation: Path
+    full: Path | None  # prompt + continuation; None without a prompt
+
+
+def output_paths(out: str | Path, num_samples: int, with_prompt: bool) -> list[OutputPaths]:
+    """out.wav -> [out.wav (+ out.full.wav)], or out-1.wav, out-1.full.wav, ... for several samples."""
+    out = Path(out)
+    suffix = out.suffix or ".wav"
+    stem = out.name[: -len(out.suffix)] if out.suffix else out.name
+    names = [stem] if num_samples == 1 else [f"{stem}-{i}" for i in range(1, num_samples + 1)]
+    return [OutputPaths(out.with_name(n + suffix), out.with_name(n + ".full" + suffix) if with_prompt else None)
+            for n in names]
+
+
+def check_request(args: argparse.Namespace) -> None:
+    """Every mistake that can be caught before loading a model: ValueError with the option's name."""
+    from lm.sampling import check_sampling_args
+
+    try:
+        check_sampling_args(args.temperature, args.top_k, args.top_p, args.greedy)
+    except ValueError as e:
+        raise ValueError(f"{e} (--temperature / --top-k / --top-p)") from None
+    if not (args.seconds > 0 and math.isfinite(args.seconds)):
+        raise ValueError(f"--seconds must be > 0, got {args.seconds}")
+    if args.num_samples < 1:
+        raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+    if args.prompt_seconds is not None:
+        if args.prompt is None:
+            raise ValueError("--prompt-seconds needs --prompt")
+        if not (args.prompt_seconds > 0 and math.isfinite(args.prompt_seconds)):
+            raise ValueError(f"--prompt-seconds must be > 0, got {args.prompt_seconds}")
+    if Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a folder; give a file name such as {Path(args.out) / 'out.wav'}")
+
+
+def check_pair(lm_model, codec) -> None:
+    """Refuse an LM and a codec that do not share tokens (ValueError naming both)."""
+    cfg = lm_model.cfg
+    if (codec.n_codebooks, codec.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
+        raise ValueError(f"the codec makes N_c={codec.n_codebooks} codebooks of {codec.codebook_size} codes, "
+                         f"the LM models N_c={cfg.n_codebooks} of {cfg.codebook_size}: not the LM's codec")
+    if cfg.codec_fingerprint is None:
+        print("rvqlm generate: warning: the LM records no codec fingerprint, so the codec cannot be checked",
+              file=sys.stderr)
+    elif codec.fingerprint() != cfg.codec_fingerprint:
+        raise ValueError(f"codec mismatch: the LM was trained on tokens of codec {cfg.codec_fingerprint[:16]}, "
+                         f"but the given codec is {codec.fingerprint()[:16]}; token ids of different codecs "
+                         "mean different sounds")
+
+
+def load_prompt_codes(path: str, codec, lm_model, prompt_seconds: float | None):
+    """Read, trim to whole frames and encode the prompt -> codes [1, N_c, T0] (LongTensor)."""
+    from codec.audio import audio_info, load_audio
+
+    cfg, hop, rate = lm_model.cfg, codec.hop_length, codec.frame_rate
+    info = audio_info(path)
+    seconds = info.duration if prompt_seconds is None else min(prompt_seconds, info.duration)
+    frames = int(seconds * codec.sample_rate) // hop
+    if frames > cfg.max_frames:
+        raise ValueError(f"the prompt is {seconds:.2f} s ({frames} frames) but the LM's context holds at most "
+                         f"{cfg.max_frames} frames ({cfg.max_frames / rate:.2f} s at {rate} frames/s); "
+                         f"pass --prompt-seconds {math.floor(cfg.max_frames / rate * 100) / 100:g} or less")
+    wav = load_audio(path, codec.sample_rate, codec.channels, duration_seconds=seconds)
+    whole = wav.shape[-1] // hop * hop  # no zero-padded last frame: every prompt frame is real signal
+    if whole == 0:
+        raise ValueError(f"{path}: the prompt is shorter than one codec frame ({1000 / rate:.0f} ms)")
+    return codec.encode(wav[None, :, :whole])
+
+
+def _generate(args: argparse.Namespace) -> int:
+    check_request(args)
+    import torch
+
+    from codec import Codec
+    from codec.audio import save_audio
+    from lm.generate import generate
+    from lm.model import MultiCodebookLM
+
+    lm_model = MultiCodebookLM.from_pretrained(args.lm, map_location=args.device)
+    codec = Codec.from_pretrained(args.codec, map_location=args.device)
+    check_pair(lm_model, codec)
+
+    if args.prompt is not None:
+        prompt = load_prompt_codes(args.prompt, codec, lm_model, args.prompt_seconds)
+        prompt = prompt.expand(args.num_samples, -1, -1)
+    else:
+        prompt = torch.zeros(args.num_samples, codec.n_codebooks, 0, dtype=torch.long, device=codec.device)
+    t0 = prompt.shape[-1]
+    new_frames = max(1, round(args.seconds * codec.frame_rate))
+
+    start = time.perf_counter()
+    codes = generate(lm_model, prompt, new_frames, temperature=args.temperature, top_k=args.top_k,
+                     top_p=args.top_p, greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache,
+                     progress=not args.no_progress, frame_rate=codec.frame_rate)
+    elapsed = time.perf_counter() - start
+    wav = codec.decode(codes)  # [B, C, (T0 + n) * hop]
+    split = t0 * codec.hop_length
+
+    for paths, sample in zip(output_paths(args.out, args.num_samples, args.prompt is not None), wav):
+        save_audio(paths.continuation, sample[:, split:], codec.sample_rate)
+        print(f"wrote {paths.continuation} ({new_frames / codec.frame_rate:.2f} s continuation)")
+        if paths.full is not None:
+            save_audio(paths.full, sample, codec.sample_rate)
+            print(f"wrote {paths.full} ({(t0 + new_frames) / codec.frame_rate:.2f} s prompt + continuation)")
+    # Per sample stream (the batch runs them side by side): RTF = compute time / audio time of one sample.
+    rate = new_frames / elapsed
+    print(f"generated {args.num_samples} x {new_frames} frames in {elapsed:.2f} s: {rate:.1f} frames/s per sample "
+          f"({rate * args.num_samples:.1f} in all), real-time factor {elapsed * codec.frame_rate / new_frames:.3f} "
+          "(< 1 is faster than real time)")
+    return 0
