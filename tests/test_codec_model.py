@@ -1,0 +1,178 @@
+"""The Codec model: shapes, frame alignment, causality, receptive field, save/load, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from codec import Codec, CodecConfig
+from codec.model import CONFIG_NAME, WEIGHTS_NAME
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest on one thread; on a shared 2-core machine, two threads spin-wait."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+TINY = CodecConfig(strides=(2, 4, 5, 4), encoder_channels=4, decoder_channels=4, latent_dim=16, dilations=(1, 3),
+                   n_codebooks=4, codebook_size=32, kmeans_iters=2)
+
+
+@pytest.fixture(scope="module")
+def codec() -> Codec:
+    torch.manual_seed(0)
+    model = Codec(TINY)
+    model.train()
+    model(torch.randn(2, 1, 1600) * 0.1)  # one training pass: k-means initialises the codebooks
+    return model.eval()
+
+
+def test_default_config_is_16k_mono_50hz_4kbps():
+    c = CodecConfig()
+    assert (c.sample_rate, c.channels, c.hop_length, c.frame_rate) == (16000, 1, 320, 50)
+    assert (c.n_codebooks, c.codebook_size, c.bitrate_kbps) == (8, 1024, 4.0)
+    assert c.encoder_channels < c.decoder_channels
+
+
+def test_shapes_and_frame_rate(codec):
+    assert codec.hop_length == 160 and codec.frame_rate == 100
+    wav = torch.randn(3, 1, 1000) * 0.1  # not a multiple of hop: padded to 7 frames
+    codes = codec.encode(wav)
+    assert codes.shape == (3, 4, 7) and codes.dtype == torch.long
+    assert 0 <= int(codes.min()) and int(codes.max()) < 32
+    assert codec.decode(codes).shape == (3, 1, 7 * 160)
+    assert codec.quantizer.codebooks.shape == (4, 32, 16)
+
+
+def test_decode_with_every_k_and_fewer_codebooks_change_less(codec):
+    wav = torch.randn(2, 1, 800) * 0.1
+    codes = codec.encode(wav)
+    outs = [codec.decode(codes[:, :k]) for k in range(1, 5)]
+    assert all(o.shape == (2, 1, 800) for o in outs)
+    assert torch.equal(codec.encode(wav, n_q=2), codes[:, :2])
+    # Decoding k codebooks = decoding the sum of the first k codebook vectors.
+    z = codec.quantizer.decode(codes[:, :2])
+    assert torch.allclose(codec.decoder(z), outs[1], atol=1e-5)
+
+
+def test_causal_prefix_encodes_to_the_same_first_frames(codec):
+    wav = torch.randn(1, 1, 160 * 30) * 0.1
+    full = codec.encode(wav)
+    prefix = codec.encode(wav[..., : 160 * 12])
+    assert torch.equal(prefix, full[..., :12])
+
+
+def test_frame_span_is_the_exact_receptive_field():
+    model = Codec(TINY)
+    lo, hi = model.frame_span
+    assert hi == model.hop_length - 1  # causal: no look-ahead
+    assert model.receptive_field == hi - lo + 1
+    x = torch.randn(1, 1, 160 * 60, requires_grad=True)
+    t = 40
+    model.encoder(x)[0, :, t].sum().backward()
+    support = (x.grad[0, 0] != 0).nonzero().flatten()
+    assert (int(support.min()) - t * 160, int(support.max()) - t * 160) == (lo, hi)
+
+
+def test_non_causal_frame_span_has_lookahead():
+    model = Codec(CodecConfig(**{**TINY.to_dict(), "causal": False}))
+    lo, hi = model.frame_span
+    assert hi > model.hop_length - 1 and lo < 0
+    x = torch.randn(1, 1, 160 * 60, requires_grad=True)
+    model.encoder(x)[0, :, 30].sum().backward()
+    support = (x.grad[0, 0] != 0).nonzero().flatten()
+    assert (int(support.min()) - 30 * 160, int(support.max()) - 30 * 160) == (lo, hi)
+
+
+def test_save_load_round_trip(codec, tmp_path):
+    wav = torch.randn(2, 1, 1600) * 0.1
+    codes = codec.encode(wav)
+    path = codec.save_pretrained(tmp_path / "codec")
+    assert sorted(p.name for p in path.iterdir()) == [CONFIG_NAME, WEIGHTS_NAME]
+    loaded = Codec.from_pretrained(path)
+    assert loaded.fingerprint() == codec.fingerprint()
+    assert torch.equal(loaded.encode(wav), codes)
+    assert torch.equal(loaded.decode(codes), codec.decode(codes))
+    codec.save_pretrained(path)  # replacing a saved codec is allowed
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left
+
+
+def test_fingerprint_depends_on_weights_and_config(codec):
+    other = Codec(TINY)
+    assert other.fingerprint() != codec.fingerprint()
+    assert len(codec.fingerprint()) == 64 and codec.fingerprint() == codec.fingerprint()
+
+
+def test_save_refuses_to_replace_a_foreign_folder(codec, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="notes.txt"):
+        codec.save_pretrained(tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_from_pretrained_errors(codec, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no codec folder"):
+        Codec.from_pretrained(tmp_path / "nothing")
+    path = codec.save_pretrained(tmp_path / "c")
+    (path / WEIGHTS_NAME).unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors is missing"):
+        Codec.from_pretrained(path)
+
+    path = codec.save_pretrained(tmp_path / "c2")
+    cfg = json.loads((path / CONFIG_NAME).read_text())
+    (path / CONFIG_NAME).write_text(json.dumps({**cfg, "n_codebook": 3}))
+    with pytest.raises(ValueError, match="unknown codec config keys \\['n_codebook'\\]"):
+        Codec.from_pretrained(path)
+    (path / CONFIG_NAME).write_text(json.dumps({**cfg, "latent_dim": 8}))  # weights no longer fit
+    with pytest.raises(ValueError, match="does not match its config.json.*shape"):
+        Codec.from_pretrained(path)
+    (path / CONFIG_NAME).write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        Codec.from_pretrained(path)
+
+    path = codec.save_pretrained(tmp_path / "c3")
+    state = load_file(str(path / WEIGHTS_NAME))
+    state.pop(next(iter(state)))
+    save_file(state, str(path / WEIGHTS_NAME))
+    with pytest.raises(ValueError, match="missing tensors"):
+        Codec.from_pretrained(path)
+    (path / WEIGHTS_NAME).write_bytes(b"\x80\x04pickle? no")
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        Codec.from_pretrained(path)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.zeros(1, 2, 320), "1-channel audio, got 2"),
+    (torch.zeros(1, 320), "shaped \\[B, C, S\\]"),
+    (torch.zeros(1, 1, 0), "empty waveform"),
+    (torch.zeros(1, 1, 320, dtype=torch.long), "float samples"),
+    (torch.full((1, 1, 320), float("nan")), "NaN"),
+])
+def test_encode_rejects_bad_audio(codec, bad, message):
+    with pytest.raises(ValueError, match=message):
+        codec.encode(bad)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.zeros(1, 5, 3, dtype=torch.long), "decodes 1..4"),
+    (torch.full((1, 2, 3), 32), "0..31"),
+    (torch.full((1, 2, 3), -1), "0..31"),
+    (torch.zeros(1, 2, 3), "integer codes"),
+    (torch.zeros(2, 3, dtype=torch.long), "\\[B, k, T\\]"),
+])
+def test_decode_rejects_bad_codes(codec, bad, message):
+    with pytest.raises(ValueError, match=message):
+        codec.decode(bad)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="not a multiple of hop_length"):
+        CodecConfig(sample_rate=16000, strides=(3, 7))
+    with pytest.raises(ValueError, match="codebook_size"):
+        CodecConfig(codebook_size=1)

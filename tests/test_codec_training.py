@@ -1,0 +1,122 @@
+"""Codec training on real speech: losses go down, the CLI entry trains / resumes / exports."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from codec import Codec, CodecConfig
+from codec.data import CodecDataModule, FixedCropDataset, RandomCropDataset
+from codec.discriminator import load_discriminator
+from codec.losses import MultiScaleMelLoss, fit_n_mels, si_sdr
+from codec.training import CodecModule
+from rvqlm.cli import main
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest on one thread; on a shared 2-core machine, two threads spin-wait."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_RECIPE = REPO / "recipes" / "codec_tiny.yaml"
+TINY = CodecConfig(strides=(4, 4, 5, 4), encoder_channels=4, decoder_channels=4, latent_dim=16, dilations=(1, 3),
+                   n_codebooks=4, codebook_size=32, kmeans_iters=2)
+
+
+def test_n_mels_are_fitted_so_no_filter_is_empty():
+    loss = MultiScaleMelLoss(16000, (256, 512, 2048), max_mels=80)
+    assert loss.n_mels[0] < 80 and loss.n_mels[-1] == 80
+    assert fit_n_mels(16000, 256, 80) == loss.n_mels[0]
+
+
+def test_si_sdr_values():
+    ref = torch.randn(2, 1, 4000)
+    assert torch.all(si_sdr(3 * ref, ref) > 60)  # scale-invariant
+    noisy = ref + 0.1 * torch.randn(2, 1, 4000)
+    assert torch.allclose(si_sdr(noisy, ref), torch.full((2,), 20.0), atol=1.0)
+
+
+def test_datasets_crop_real_speech(speech_files):
+    files = speech_files["train"][:3]
+    train = RandomCropDataset(files, 16000, 1, crop_seconds=0.5, items=7)
+    assert len(train) == 7 and all(train[i].shape == (1, 8000) for i in range(7))
+    valid = FixedCropDataset(speech_files["valid"][:2], 16000, 1, crop_seconds=60.0)  # longer than the files: padded
+    a, b = valid[0], valid[0]
+    assert a.shape == (1, 960000) and torch.equal(a, b) and a.abs().sum() > 0
+
+
+def _last(rows: list[dict], key: str) -> float:
+    return [float(r[key]) for r in rows if r.get(key)][-1]
+
+
+def test_a_few_training_steps_lower_the_loss(corpus_dir):
+    torch.manual_seed(0)
+    module = CodecModule(TINY, lr=3e-3, mel_n_ffts=(256, 1024))
+    data = CodecDataModule(corpus_dir=str(corpus_dir), crop_seconds=0.4, valid_crop_seconds=1.0, batch_size=4,
+                           max_train_files=16, max_valid_files=4, valid_batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", max_steps=20, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=1)
+    before = trainer.validate(module, datamodule=data, verbose=False)[0]
+    trainer.fit(module, datamodule=data)
+    after = trainer.validate(module, datamodule=data, verbose=False)[0]
+    assert trainer.global_step == 20
+    assert after["val/mel_distance"] < 0.8 * before["val/mel_distance"]
+    assert after["val/si_sdr"] > before["val/si_sdr"]
+    assert bool(module.codec.quantizer.initialized)
+
+
+def _run(tmp_path: Path, corpus_dir: Path, *extra: str) -> int:
+    return main(["train-codec", "--config", str(TINY_RECIPE), "--data.corpus_dir", str(corpus_dir),
+                 "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
+                 "--trainer.val_check_interval", "2", "--data.max_train_files", "8", *extra])
+
+
+def test_train_codec_command_logs_exports_and_resumes(tmp_path, corpus_dir, speech_files):
+    assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "4") == 0
+    run = tmp_path / "codec_tiny" / "version_0"
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    for key in ("train/loss", "train/mel", "train/commit", "train/kbps", "codebook/perplexity/c0",
+                "codebook/dead_codes/c3", "codebook/entropy_norm", "val/mel_distance", "val/si_sdr",
+                "val/mel_distance_k1", "train/audio_per_second"):
+        assert any(r.get(key) for r in rows), key
+    assert 0 < _last(rows, "train/kbps") <= 4 * 5 * 50 / 1000
+    assert (run / "audio" / "original" / "0.wav").is_file()
+    assert sorted(p.name for p in (run / "audio").iterdir()) == ["original", "step0000002", "step0000004"]
+    codec = Codec.from_pretrained(run / "pretrained")
+    wav = torch.zeros(1, 1, 3200)
+    assert codec.encode(wav).shape == (1, 4, 10)
+
+    last = run / "checkpoints" / "last.ckpt"
+    assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "6", "--ckpt_path", str(last)) == 0
+    resumed = list(csv.DictReader(open(tmp_path / "codec_tiny" / "version_1" / "metrics.csv")))
+    steps = sorted({int(r["step"]) for r in resumed if r.get("train/loss")})
+    assert steps == [4, 5]  # continued from step 4, not from 0
+
+
+def test_adversarial_training_exports_the_discriminator(tmp_path, corpus_dir):
+    assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "3", "--model.adversarial", "true",
+                "--model.adversarial_start_step", "1", "--model.disc_filters", "4",
+                "--model.disc_n_ffts", "[256, 128]") == 0
+    run = tmp_path / "codec_tiny" / "version_0"
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    disc_steps = sorted(int(r["step"]) for r in rows if r.get("train/disc"))
+    assert disc_steps == [1, 2]  # off before adversarial_start_step; global_step counts codec steps only
+    disc = load_discriminator(run / "pretrained" / "discriminator.safetensors")
+    assert len(disc.discriminators) == 2
+    logits, features = disc(torch.randn(1, 1, 4000))
+    assert len(logits) == 2 and len(features[0]) == 5
+    Codec.from_pretrained(run / "pretrained")  # the discriminator file does not disturb loading
+
+
+def test_train_codec_reports_bad_recipe_values(tmp_path, corpus_dir, capsys):
+    with pytest.raises(SystemExit):
+        _run(tmp_path, corpus_dir, "--model.codec.n_codebooks", "zero")
