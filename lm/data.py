@@ -267,6 +267,17 @@ class ValidWindows(IterableDataset):
             yield self.reader.read_batch(chunk, self.window_frames, self.n_codebooks)
 
 
+class StreamLoader(DataLoader):
+    """The DataLoader of a TrainWindowStream; its state is the stream position, so Lightning sees
+    a resumable loader (it saves and restores this state with the loops' state)."""
+
+    def state_dict(self) -> dict:
+        return {"consumed_batches": self.dataset.position.consumed_batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.dataset.position.consumed_batches = int(state["consumed_batches"])
+
+
 # ---- the DataModule ---------------------------------------------------------------------------------
 
 class TokenDataModule(pl.LightningDataModule):
@@ -322,7 +333,7 @@ class TokenDataModule(pl.LightningDataModule):
                                    self.batches_per_epoch, self.seed, rank, world, self.position)
         # batch_size=None: the stream yields whole batches. No persistent workers: each epoch's
         # workers must start from the current position.
-        return DataLoader(stream, batch_size=None, num_workers=self.num_workers)
+        return StreamLoader(stream, batch_size=None, num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()

@@ -126,7 +126,7 @@ class LMTrainingModule(pl.LightningModule):
                              f"{warmup_steps}, {min_lr_ratio}")
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters(ignore=["config", "n_codebooks", "codebook_size", "codec_fingerprint"])
-        self.hparams["lm_config"] = self.lm_config.to_dict()
+        self.hparams["config"] = self.lm_config.to_dict()  # complete, as LightningCLI re-reads it on resume
         self.model = MultiCodebookLM(self.lm_config)
         self.matmul_peak: float | None = None
         self._rng_to_restore: dict | None = None
@@ -219,7 +219,7 @@ class LMTrainingModule(pl.LightningModule):
         checkpoint["rng_states"] = _get_rng_state()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        saved = checkpoint.get("hyper_parameters", {}).get("lm_config")
+        saved = checkpoint.get("hyper_parameters", {}).get("config")
         if saved is not None:
             now = self.lm_config.to_dict()
             check_fingerprint(saved.get("codec_fingerprint"), now.get("codec_fingerprint"),
