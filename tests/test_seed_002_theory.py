@@ -237,3 +237,47 @@ def test_cross_entropy_is_the_expected_nll_under_the_one_hot_target_distribution
         assert abs(model_loss - float(expected_nll)) < TOL
         assert abs(model_loss - float(kl + entropy_y)) < TOL
         assert abs(model_loss + math.log(float(y_hat[w]))) < TOL
+
+
+def test_keys_cached_already_rotated_let_a_ring_cache_slide_past_the_context():
+    """theory.md: "A key can be rotated once, when it is computed, and cached already rotated: later queries
+    at any absolute position give the right relative angle. This is what lets the KV cache become a ring
+    buffer that slides past the trained context with no recomputation": one token at a time through a
+    ring cache of max_seq_len slots equals a full forward with a sliding window of that width."""
+    cfg = LMConfig(n_codebooks=1, codebook_size=5, d_model=8, n_layers=2, n_heads=2, max_seq_len=4,
+                   pattern="parallel")
+    model = MultiCodebookLM(cfg).double().eval()
+    ids = torch.tensor([[[6, 1, 4, 0, 2, 2, 3, 1, 0, 4]]])  # 10 positions, more than max_seq_len = 4
+    with torch.no_grad():
+        reference = model(ids, window=4)
+        cache = model.new_cache(1, ring=True)
+        steps = torch.cat([model(ids[..., t:t + 1], cache=cache) for t in range(ids.shape[-1])], dim=2)
+    torch.testing.assert_close(steps, reference, rtol=0, atol=1e-10)
+    assert cache.length == 10 and cache.keys.shape[3] == 4  # 4 slots held 10 positions
+
+
+def test_section_3_departures_are_what_the_code_does(doc):
+    """theory.md section 3: "Token ids are counted from 0 (0 .. |V|-1) ... each embedding table has extra
+    rows for the special ids (pad = |V|, bos = |V| + 1), which the output heads never predict"; "the N_c
+    embeddings of a frame are summed into one residual stream vector, and N_c heads read the final stream";
+    "RoPE, RMSNorm and SwiGLU ... alongside the original sinusoidal encoding, LayerNorm and ReLU/GELU, all
+    selectable in LMConfig"."""
+    from codec.quantizer import ResidualVectorQuantizer
+    from lm.config import FFNS, NORMS, POSITIONS
+
+    assert "(`pad = |V|`, `bos = |V| + 1`)" in doc.replace("\n  ", " ")
+    cfg = LMConfig(n_codebooks=2, codebook_size=5, d_model=8, n_layers=1, n_heads=2, max_seq_len=8)
+    assert (cfg.pad_id, cfg.bos_id, cfg.embedding_rows) == (5, 6, 7)
+    model = MultiCodebookLM(cfg)
+    tokens = torch.tensor([[[6, 0, 4], [6, 5, 3]]])  # [B=1, N_c=2, S=3]: bos, codes, a pad
+    with torch.no_grad():
+        summed = model.embed(tokens)[0]
+        expected = torch.stack([model.codebook_table(0)[tokens[0, 0, s]] + model.codebook_table(1)[tokens[0, 1, s]]
+                                for s in range(3)])
+        torch.testing.assert_close(summed, expected, rtol=0, atol=0)
+        assert model(tokens).shape == (1, 2, 3, 5)  # N_c heads of |V| logits: pad and bos never predicted
+    rvq = ResidualVectorQuantizer(3, 2, 4).eval()
+    first = rvq.codebooks[0, 0].view(1, 3, 1)  # a latent equal to codebook 1's first vector
+    assert rvq.encode(first)[0, 0, 0] == 0  # "counted from 0", where seed 002 writes 1
+    assert {"rope", "sinusoidal", "learned"} <= set(POSITIONS)
+    assert {"rmsnorm", "layernorm"} <= set(NORMS) and {"swiglu", "relu", "gelu"} <= set(FFNS)
