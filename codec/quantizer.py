@@ -69,15 +69,28 @@ class QuantizerOutput:
 # ----------------------------------------------------------------------------- helpers
 
 
-def nearest_codes(x: Tensor, codebook: Tensor) -> Tensor:
-    """Index of the nearest codebook vector (Euclidean) for each row.
+def nearest_codes(x: Tensor, codebook: Tensor, candidates: int = 4) -> Tensor:
+    """Index of the nearest codebook vector (Euclidean) for each row, exactly as the seed's argmin.
 
-    x [N, D], codebook [V, D] -> LongTensor [N]. |x - e|^2 = ||x||^2 - 2 x.e + ||e||^2; the first
-    term is the same for every code of a row, so the argmin needs only ||e||^2 - 2 x.e, one fused
-    matmul (addmm) and nothing of size [N, V, D]. Ties go to the lowest index.
+    x [N, D], codebook [V, D] -> LongTensor [N]. A fast pass ranks codes by ||e||^2 - 2 x.e (one
+    fused addmm; ||x||^2 is the same for every code of a row) after moving the origin to the
+    codebook's mean, which cancels any large common offset. That expansion loses float precision
+    when |x| is large next to the gaps between codes, so the `candidates` best codes of the fast
+    pass are then re-ranked by their direct distances sum((x - e)^2), which have no cancellation.
+    Nothing of size [N, V, D] is built. Ties go to the lowest index.
     """
-    scores = torch.addmm(codebook.pow(2).sum(1).unsqueeze(0), x, codebook.t(), alpha=-2.0)
-    return scores.argmin(dim=1)
+    center = codebook.mean(dim=0, keepdim=True)
+    xc, ec = x - center, codebook - center
+    scores = torch.addmm(ec.pow(2).sum(1).unsqueeze(0), xc, ec.t(), alpha=-2.0)
+    k = min(candidates, codebook.shape[0])
+    if k == 1:
+        return scores.argmin(dim=1)
+    cand = scores.topk(k, dim=1, largest=False, sorted=True).indices  # [N, k], best first
+    exact = (xc.unsqueeze(1) - ec[cand]).pow(2).sum(-1)  # [N, k]
+    # Among equal exact distances prefer the lowest code index (argmin over index-sorted candidates).
+    order = cand.argsort(dim=1)
+    cand, exact = cand.gather(1, order), exact.gather(1, order)
+    return cand.gather(1, exact.argmin(dim=1, keepdim=True)).squeeze(1)
 
 
 def kmeans(x: Tensor, k: int, iters: int) -> tuple[Tensor, Tensor]:
