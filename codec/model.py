@@ -44,8 +44,9 @@ class CodecConfig:
     """Architecture and quantizer settings. The defaults are the project's default codec.
 
     16 kHz mono, hop 320 (strides 4*4*5*4) -> 50 frames/s; 8 codebooks of 1024 -> 4 kbps.
-    The encoder is deliberately light (8 base channels: it must tokenize >= 100x real time on a
-    2-core CPU; a first stride of 4 keeps the costly full-rate layers few) and the decoder heavier
+    The encoder is deliberately light (8 base channels and no residual units at the full sample
+    rate, where tiny convolutions dominate CPU time: it must tokenize >= 100x real time on a 2-core
+    CPU; a first stride of 4 quarters the rate of the next level) and the decoder heavier
     (32 base channels), as SoundStream found that decoder capacity matters more. `causal` puts all
     padding on the left in encoder and decoder: a prefix encodes to the same first frames as the
     whole file, so prompts and streaming chunks get exactly the tokens the full file would.
@@ -56,6 +57,7 @@ class CodecConfig:
     strides: tuple[int, ...] = (4, 4, 5, 4)
     encoder_channels: int = 8
     decoder_channels: int = 32
+    encoder_full_rate_residuals: bool = False
     latent_dim: int = 64
     dilations: tuple[int, ...] = (1, 3, 9)
     kernel_size: int = 7
@@ -149,7 +151,8 @@ class Codec(nn.Module):
                       dilations=config.dilations, kernel_size=config.kernel_size,
                       residual_kernel_size=config.residual_kernel_size, last_kernel_size=config.last_kernel_size,
                       compress=config.compress, causal=config.causal)
-        self.encoder = SEANetEncoder(base_channels=config.encoder_channels, **common)
+        self.encoder = SEANetEncoder(base_channels=config.encoder_channels,
+                                     full_rate_residuals=config.encoder_full_rate_residuals, **common)
         self.quantizer = ResidualVectorQuantizer(
             config.latent_dim, config.n_codebooks, config.codebook_size, decay=config.ema_decay,
             kmeans_init=config.kmeans_init, kmeans_iters=config.kmeans_iters,

@@ -100,18 +100,20 @@ class SEANetEncoder(nn.Module):
 
     conv(k=7) to `base_channels`, then per stride s: residual units (dilations 1, 3, 9), ELU and a
     strided conv (kernel 2s) that doubles the channels; ELU and a final conv to `latent_dim`.
+    full_rate_residuals=False leaves out the residual units of the first level, which run at the
+    full sample rate and cost most of a CPU encoder's time for little capacity.
     """
 
     def __init__(self, channels: int = 1, latent_dim: int = 128, base_channels: int = 16,
                  strides: Sequence[int] = (2, 4, 5, 8), dilations: Sequence[int] = (1, 3, 9), *,
                  kernel_size: int = 7, residual_kernel_size: int = 3, last_kernel_size: int = 7,
-                 compress: int = 2, causal: bool = False):
+                 compress: int = 2, causal: bool = False, full_rate_residuals: bool = True):
         super().__init__()
         self.hop_length = math.prod(strides)
         layers: list[nn.Module] = [PaddedConv1d(channels, base_channels, kernel_size, causal=causal)]
         width = base_channels
-        for stride in strides:
-            for d in dilations:
+        for level, stride in enumerate(strides):
+            for d in dilations if (level > 0 or full_rate_residuals) else ():
                 layers.append(ResidualUnit(width, kernel_size=residual_kernel_size, dilation=d, compress=compress,
                                            causal=causal))
             layers += [nn.ELU(), PaddedConv1d(width, width * 2, 2 * stride, stride=stride, causal=causal)]

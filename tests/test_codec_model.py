@@ -81,7 +81,7 @@ def test_frame_span_is_the_exact_receptive_field():
 
 
 def test_non_causal_frame_span_has_lookahead():
-    model = Codec(CodecConfig(**{**TINY.to_dict(), "causal": False}))
+    model = Codec(CodecConfig(**{**TINY.to_dict(), "causal": False, "encoder_full_rate_residuals": True}))
     lo, hi = model.frame_span
     assert hi > model.hop_length - 1 and lo < 0
     x = torch.randn(1, 1, 160 * 60, requires_grad=True)
