@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -211,8 +212,11 @@ class CodecCLI(LightningCLI):
 
 def train_codec(args: Sequence[str]) -> Path:
     """`rvqlm train-codec ARGS`: parse a recipe + overrides, fit, export; returns the export folder."""
-    cli = CodecCLI(CodecModule, CodecDataModule, args=list(args), run=False, seed_everything_default=0,
-                   save_config_kwargs={"overwrite": True})
+    with warnings.catch_warnings():
+        # We pass `args` on purpose (sys.argv holds `rvqlm train-codec ...`); Lightning warns about that.
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        cli = CodecCLI(CodecModule, CodecDataModule, args=list(args), run=False, seed_everything_default=0,
+                       save_config_kwargs={"overwrite": True}, parser_kwargs={"prog": "rvqlm train-codec"})
     trainer = cli.trainer
     trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path, weights_only=True)
     callback = trainer.checkpoint_callback
