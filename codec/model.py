@@ -27,6 +27,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.nn.utils import parametrize
 
 from codec.discriminator import save_discriminator
 from codec.modules import SEANetDecoder, SEANetEncoder
@@ -243,7 +244,8 @@ class Codec(nn.Module):
         """
         self._check_wav(wav)
         wav = self.pad_to_hop(wav.to(self.device, torch.float32))
-        return self.quantizer.encode(self.encoder(wav), n_q=n_q)
+        with parametrize.cached():  # weight-norm weights computed once per call, not per layer use
+            return self.quantizer.encode(self.encoder(wav), n_q=n_q)
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
@@ -253,7 +255,9 @@ class Codec(nn.Module):
             raise ValueError(f"decode expects codes shaped [B, k, T], got {shape}")
         if codes.shape[-1] == 0 or codes.shape[0] == 0:
             raise ValueError(f"decode got an empty code tensor of shape {tuple(codes.shape)}")
-        return self.decoder(self.quantizer.decode(codes.to(self.device)))
+        latent = self.quantizer.decode(codes.to(self.device))
+        with parametrize.cached():
+            return self.decoder(latent)
 
     def _check_wav(self, wav: torch.Tensor) -> None:
         if not isinstance(wav, torch.Tensor):
