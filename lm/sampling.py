@@ -37,10 +37,14 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     vocab = logits.shape[-1]
     if k >= vocab:
         return logits.clone()
-    order = _rank_order(logits)
-    keep_sorted = torch.zeros_like(logits, dtype=torch.bool)
-    keep_sorted[..., :k] = True
-    keep = _keep_mask_from_sorted(keep_sorted, order)
+    # torch.topk finds the k-th value without a full sort; which of several equal values it returns
+    # is unspecified, so the survivors are rebuilt from the threshold: everything above it, then
+    # the lowest-id ties at it until k are kept.
+    kth = torch.topk(logits, k, dim=-1, sorted=True).values[..., -1:]
+    above = logits > kth
+    at_kth = logits == kth
+    room = k - above.sum(dim=-1, keepdim=True)
+    keep = above | (at_kth & (at_kth.cumsum(dim=-1) <= room))
     return logits.masked_fill(~keep, NEG_INF)
 
 

@@ -34,6 +34,15 @@ def test_top_k_ties_keep_lower_ids_and_exactly_k_survive():
     assert kept(out) == [1, 2]
 
 
+def test_top_k_with_many_ties_matches_a_stable_sort_reference():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(-3, 3, (500, 40), generator=g).float()  # ~7 equal values per row
+    for k in (1, 5, 13, 39):
+        order = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]
+        expected = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, True)
+        assert torch.equal(torch.isfinite(top_k_filter(logits, k)), expected)
+
+
 def test_top_k_is_per_row_in_a_batch():
     logits = torch.tensor([[[5.0, 1.0, 2.0], [0.0, 9.0, 8.0]]])  # [1, 2, 3]
     out = top_k_filter(logits, 1)
