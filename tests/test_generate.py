@@ -276,6 +276,8 @@ def saved_pair(tmp_path_factory):
     MultiCodebookLM(cfg).save_pretrained(root / "lm")
     other = LMConfig(**{**cfg.to_dict(), "codec_fingerprint": "0" * 64})
     MultiCodebookLM(other).save_pretrained(root / "lm_other_codec")
+    wider = LMConfig(**{**cfg.to_dict(), "codebook_size": 2 * CLI_V})
+    MultiCodebookLM(wider).save_pretrained(root / "lm_other_vocab")
     return root
 
 
@@ -361,7 +363,7 @@ def test_cli_refuses_a_prompt_longer_than_the_context(saved_pair, speech_files, 
     assert "context holds at most 39 frames (0.78 s" in err and "--prompt-seconds 0.78 or less" in err
 
 
-@pytest.mark.parametrize("which", ["missing", "not_a_codec", "other_codec"])
+@pytest.mark.parametrize("which", ["missing", "not_a_codec", "other_codec", "other_vocab"])
 def test_cli_refuses_a_wrong_codec(saved_pair, tmp_path, capsys, which):
     lm_dir, codec_dir = saved_pair / "lm", saved_pair / "codec"
     if which == "missing":
@@ -369,8 +371,10 @@ def test_cli_refuses_a_wrong_codec(saved_pair, tmp_path, capsys, which):
     elif which == "not_a_codec":
         codec_dir, message = tmp_path / "empty", "is not a saved codec: config.json is missing"
         codec_dir.mkdir()
-    else:
+    elif which == "other_codec":
         lm_dir, message = saved_pair / "lm_other_codec", "codec mismatch: the LM was trained on tokens of codec 0000"
+    else:
+        lm_dir, message = saved_pair / "lm_other_vocab", "2 codebooks of 16 codes, the LM models N_c=2 of 32"
     rc = run_cli("--lm", lm_dir, "--codec", codec_dir, "--out", tmp_path / "o.wav", "--no-progress")
     assert rc == 2
     assert message in capsys.readouterr().err
