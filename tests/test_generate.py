@@ -298,7 +298,7 @@ def test_cli_continues_a_real_speech_prompt(saved_pair, speech_files, tmp_path, 
     out = tmp_path / "gen" / "out.wav"
     rc = run_cli("--lm", saved_pair / "lm", "--codec", saved_pair / "codec", "--prompt", prompt,
                  "--prompt-seconds", 0.3, "--seconds", 0.2, "--out", out, "--seed", 1, "--top-k", 8,
-                 "--top-p", 0.9, "--temperature", 0.8, "--no-progress")
+                 "--top-p", 0.9, "--temperature", 0.8, "--threads", 1, "--no-progress")
     assert rc == 0
     assert wav_seconds(out) == pytest.approx(0.2)  # 10 frames of 20 ms
     assert wav_seconds(tmp_path / "gen" / "out.full.wav") == pytest.approx(0.5)  # 15 prompt + 10 new frames
@@ -337,6 +337,7 @@ def test_cli_without_prompt_writes_only_the_generation(saved_pair, tmp_path):
         (("--top-k", 0), "top-k must be an integer >= 1"),
         (("--seconds", 0), "--seconds must be > 0"),
         (("--num-samples", 0), "--num-samples must be >= 1"),
+        (("--threads", 0), "--threads must be >= 1"),
         (("--prompt-seconds", 1), "--prompt-seconds needs --prompt"),
     ],
 )

@@ -41,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     p.add_argument("--num-samples", type=int, default=1, help="continuations generated in one batch (default 1)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step (slow; a check)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_generate)
@@ -72,6 +74,8 @@ def check_request(args: argparse.Namespace) -> None:
         raise ValueError(f"{e} (--temperature / --top-k / --top-p)") from None
     if not (args.seconds > 0 and math.isfinite(args.seconds)):
         raise ValueError(f"--seconds must be > 0, got {args.seconds}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
     if args.prompt_seconds is not None:
@@ -126,6 +130,8 @@ def _generate(args: argparse.Namespace) -> int:
     from lm.generate import generate
     from lm.model import MultiCodebookLM
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     lm_model = MultiCodebookLM.from_pretrained(args.lm, map_location=args.device)
     codec = Codec.from_pretrained(args.codec, map_location=args.device)
     check_pair(lm_model, codec)
