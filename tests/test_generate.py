@@ -88,6 +88,12 @@ def test_delay_pattern_codebook_k_at_step_s_is_frame_s_minus_k():
     assert not plan.forced[0, 2] and not plan.forced[1, 3]
 
 
+def test_zero_new_frames_returns_the_prompt():
+    model = tiny_lm()
+    p = prompt(2, 3)
+    assert torch.equal(generate(model, p, 0, greedy=True), p)
+
+
 def test_unconditional_generation_starts_from_bos():
     model = tiny_lm()
     out = generate(model, None, 6, greedy=True, batch_size=3)
@@ -348,6 +354,14 @@ def test_cli_bad_sampling_requests(saved_pair, tmp_path, capsys, extra, message)
     err = capsys.readouterr().err
     assert err.startswith("rvqlm generate: error:") and message in err
     assert not any(tmp_path.iterdir())
+
+
+def test_cli_generates_past_the_lm_context(saved_pair, tmp_path):
+    # The LM's context is 40 positions (39 frames); 1.2 s is 60 frames: the RoPE ring cache slides on.
+    out = tmp_path / "long.wav"
+    assert run_cli("--lm", saved_pair / "lm", "--codec", saved_pair / "codec", "--seconds", 1.2,
+                   "--out", out, "--seed", 0, "--no-progress") == 0
+    assert wav_seconds(out) == pytest.approx(1.2)
 
 
 def test_cli_greedy_accepts_zero_temperature(saved_pair, tmp_path):
