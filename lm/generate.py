@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -115,7 +115,7 @@ def _model_inputs(plan: GenerationPlan, bos_id: int) -> Tensor:
 def iter_decode(
     model: MultiCodebookLM,
     plan: GenerationPlan,
-    choose,
+    choose: Callable[[Tensor], Tensor],
     *,
     use_cache: bool = True,
 ) -> Iterator[DecodeStep]:
