@@ -54,7 +54,8 @@ class CodecConfig:
     `dead_code_threshold` is an EMA count of assignments per step: a CPU batch of ~200-400 frames
     gives each of 1024 codes ~0.2-0.4 on average, so EnCodec's 2.0 (made for ~5000 frames a step)
     would call every code dead and re-seed the codebooks at every step; 0.02 flags codes used
-    about 10x less than uniform usage.
+    about 10x less than uniform usage. `quantizer_dropout` 0.5: half the examples train a random
+    bitrate, half the full one (DAC found dropping on every example costs full-bitrate quality).
     """
 
     sample_rate: int = 16000
@@ -76,7 +77,7 @@ class CodecConfig:
     kmeans_init: bool = True
     kmeans_iters: int = 10
     dead_code_threshold: float = 0.02
-    quantizer_dropout: float = 1.0
+    quantizer_dropout: float = 0.5
     commitment_weight: float = 1.0
 
     def __post_init__(self) -> None:
