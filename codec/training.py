@@ -15,7 +15,6 @@ last weights) with `Codec.save_pretrained` to `<run dir>/pretrained/`, discrimin
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from pathlib import Path
@@ -227,7 +226,3 @@ def train_codec(args: Sequence[str]) -> Path:
     print(f"codec saved to {out} ({'best checkpoint ' + str(best) if best else 'final weights'})")
     return out
 
-
-def bitrate_label(codec: Codec, n_q: int | None = None) -> str:
-    n_q = codec.n_codebooks if n_q is None else n_q
-    return f"{n_q} x {math.ceil(math.log2(codec.codebook_size))} bits x {codec.frame_rate} Hz = {codec.bitrate_kbps(n_q):.2f} kbps"
