@@ -34,6 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
+    # oneDNN caches one set of conv kernels per input shape; pieces come in many lengths, so the
+    # cache would grow by ~9 MB per shape (1 GB+ on a long run). Building them afresh costs < 5%.
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
     import torch
 
     from codec.model import Codec
