@@ -268,6 +268,16 @@ class MultiCodebookLM(nn.Module):
         return nll.sum(dim=(1, 2))
 
     # ---- checkpoints -----------------------------------------------------------------------------
+    def generate(self, prompt_codes: Tensor | None, max_new_frames: int, **kwargs) -> Tensor:
+        """Continue prompt_codes [B, N_c, T0] by max_new_frames -> [B, N_c, T0 + n] (KV cache, sampling).
+
+        Keyword arguments (temperature, top_k, top_p, greedy, generator, seed, ...) are those of
+        `lm.generate.generate`, where the decoding loop lives.
+        """
+        from lm.generate import generate
+
+        return generate(self, prompt_codes, max_new_frames, **kwargs)
+
     def save_pretrained(self, path: str | Path) -> Path:
         """Write folder `path`: config.json (the LMConfig) + model.safetensors (weights), each atomically.
 

@@ -27,6 +27,7 @@ def atomic_path(dest: str | os.PathLike, suffix: str | None = None) -> Iterator[
                                dir=dest.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; a saved file gets the usual permissions
     try:
         yield tmp_path
         _fsync_file(tmp_path)
@@ -49,6 +50,12 @@ def atomic_write_text(dest: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(dest: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(dest, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_file(path: Path) -> None:

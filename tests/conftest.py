@@ -15,6 +15,16 @@ def _seed_everything():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """Tests use tiny models, for which OpenMP threads only wait on each other (up to 50x slower on a
+    busy 2-core machine). Subprocess-based tests (DDP, kill -9) set their own thread counts."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
     """The full built-in corpus (16 kHz mono, split by level), prepared once into data/ and reused."""

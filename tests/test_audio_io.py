@@ -90,3 +90,13 @@ def test_streamed_blocks_equal_whole_file_resampling(real_ogg):
     streamed = torch.cat(blocks, dim=1)
     assert streamed.shape == whole.shape
     assert (streamed - whole).abs().max() < 1e-3
+
+
+def test_saved_files_get_normal_permissions(tmp_path):
+    import os
+    import stat
+
+    p = save_audio(tmp_path / "perm.wav", torch.zeros(1, 100), 16000)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o666 & ~mask

@@ -394,3 +394,16 @@ def test_cli_refuses_a_wrong_codec(saved_pair, tmp_path, capsys, which):
     assert rc == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o.wav").exists()
+
+
+def test_model_generate_method_is_the_generate_function():
+    """`model.generate(...)` (the issue's API) gives exactly what lm.generate.generate gives."""
+    from lm import LMConfig, MultiCodebookLM
+    from lm.generate import generate as generate_fn
+
+    model = MultiCodebookLM(LMConfig(n_codebooks=3, codebook_size=11, d_model=16, n_layers=1, n_heads=2,
+                                     max_seq_len=32)).eval()
+    prompt = torch.randint(0, 11, (2, 3, 4))
+    a = model.generate(prompt, 5, temperature=0.8, top_k=5, seed=3)
+    b = generate_fn(model, prompt, 5, temperature=0.8, top_k=5, seed=3)
+    assert a.shape == (2, 3, 9) and torch.equal(a, b) and torch.equal(a[:, :, :4], prompt)
