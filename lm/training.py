@@ -197,6 +197,7 @@ class LMTrainingModule(pl.LightningModule):
         self._val_count += out.count.double()
 
     def on_validation_epoch_end(self) -> None:
+        self._last_batch_end = None  # the next training interval would include this validation
         nll = self.trainer.strategy.reduce(self._val_nll, reduce_op="sum")
         count = self.trainer.strategy.reduce(self._val_count, reduce_op="sum")
         if count.sum() > 0:
@@ -205,8 +206,9 @@ class LMTrainingModule(pl.LightningModule):
     # -- optimizer --------------------------------------------------------------------------------
     def configure_optimizers(self):
         hp = self.hparams
+        # fused: one kernel for all parameters (on CPU ~5x faster than the per-tensor loop).
         optimizer = torch.optim.AdamW(decay_groups(self.model, hp.weight_decay), lr=hp.lr,
-                                      betas=tuple(hp.betas), eps=hp.adam_eps)
+                                      betas=tuple(hp.betas), eps=hp.adam_eps, fused=True)
         total = hp.total_steps or int(self.trainer.estimated_stepping_batches)
         if not 0 < total < 10**12:
             raise ValueError("set trainer.max_steps (or model.total_steps): the cosine schedule needs a length")
