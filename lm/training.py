@@ -315,6 +315,45 @@ def unigram_nll(train: TokenFiles, held_out: TokenFiles, n_codebooks: int, codeb
     return torch.from_numpy(nll), torch.from_numpy(n)
 
 
+def held_out_report(model: MultiCodebookLM, tokens_dir: str, split: str = "valid", *, split_by: str = "prefix",
+                    valid_fraction: float = 0.1, window_frames: int | None = None, batch_size: int = 8,
+                    unigram: bool = False) -> dict[str, Any]:
+    """Score `model` on the `split` files of a token folder: NLL per codebook (nats/token) and overall,
+    optionally next to the unigram baseline of the train split on exactly the same targets.
+
+    Refuses tokens of another codec (fingerprint) or another (N_c, |V|) layout, and windows longer
+    than the LM's context. Returns a JSON-ready dict (`rvqlm eval-lm` prints it).
+    """
+    from rvqlm.token_shards import TokenShards
+
+    cfg = model.cfg
+    shards = TokenShards.open(tokens_dir)
+    check_fingerprint(cfg.codec_fingerprint, shards.fingerprint, str(tokens_dir))
+    if (shards.n_codebooks, shards.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
+        raise ValueError(f"{tokens_dir} has N_c={shards.n_codebooks}, |V|={shards.codebook_size}; "
+                         f"the LM models N_c={cfg.n_codebooks}, |V|={cfg.codebook_size}")
+    window = window_frames or cfg.max_frames
+    if not 1 <= window <= cfg.max_frames:
+        raise ValueError(f"window_frames must be in 1..{cfg.max_frames} for this LM, got {window}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    files = TokenFiles.of_split(tokens_dir, split, split_by, valid_fraction, shards)
+    windows = ValidWindows(files, cfg.n_codebooks, window, batch_size)
+    with torch.inference_mode():
+        nll, count = evaluate_nll(model, windows)
+    report: dict[str, Any] = {"tokens": str(tokens_dir), "split": split, "files": len(files),
+                              "window_frames": window, "nll_per_codebook": (nll / count).tolist(),
+                              "tokens_per_codebook": count.tolist(), "nll": float(nll.sum() / count.sum())}
+    if unigram:
+        train = TokenFiles.of_split(tokens_dir, "train", split_by, valid_fraction, shards)
+        u_nll, u_count = unigram_nll(train, files, cfg.n_codebooks, cfg.codebook_size)
+        if not torch.equal(u_count, count):
+            raise RuntimeError(f"the unigram baseline scored {u_count.tolist()} tokens, the LM {count.tolist()}")
+        report["unigram_nll_per_codebook"] = (u_nll / u_count).tolist()
+        report["unigram_nll"] = float(u_nll.sum() / u_count.sum())
+    return report
+
+
 # ---- LightningCLI -----------------------------------------------------------------------------------
 
 class LMTrainingCLI(LightningCLI):

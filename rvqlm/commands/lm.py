@@ -49,44 +49,19 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import torch
-
-    from lm.data import TokenFiles, ValidWindows
     from lm.model import MultiCodebookLM
-    from lm.training import check_fingerprint, evaluate_nll, unigram_nll
+    from lm.training import held_out_report
     from rvqlm.atomic import atomic_write_json
-    from rvqlm.token_shards import TokenShards
 
     model = MultiCodebookLM.from_pretrained(args.lm)
+    report = {"lm": str(args.lm), **held_out_report(
+        model, args.tokens, args.split, split_by=args.split_by, valid_fraction=args.valid_fraction,
+        window_frames=args.window_frames, batch_size=args.batch_size, unigram=args.unigram)}
+    window, files, count = report["window_frames"], report["files"], report["tokens_per_codebook"]
+    baseline = report.get("unigram_nll_per_codebook")
     cfg = model.cfg
-    shards = TokenShards.open(args.tokens)
-    check_fingerprint(cfg.codec_fingerprint, shards.fingerprint, args.tokens)
-    if (shards.n_codebooks, shards.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
-        raise ValueError(f"{args.tokens} has N_c={shards.n_codebooks}, |V|={shards.codebook_size}; "
-                         f"the LM models N_c={cfg.n_codebooks}, |V|={cfg.codebook_size}")
-    window = args.window_frames or cfg.max_frames
-    if not 1 <= window <= cfg.max_frames:
-        raise ValueError(f"--window-frames must be in 1..{cfg.max_frames} for this LM, got {window}")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    files = TokenFiles.of_split(args.tokens, args.split, args.split_by, args.valid_fraction, shards)
-    windows = ValidWindows(files, cfg.n_codebooks, window, args.batch_size)
-    with torch.inference_mode():
-        nll, count = evaluate_nll(model, windows)
-    report = {"lm": str(args.lm), "tokens": str(args.tokens), "split": args.split, "files": len(files),
-              "window_frames": window, "nll_per_codebook": (nll / count).tolist(),
-              "tokens_per_codebook": count.tolist(), "nll": float(nll.sum() / count.sum())}
-    baseline = None
-    if args.unigram:
-        train = TokenFiles.of_split(args.tokens, "train", args.split_by, args.valid_fraction, shards)
-        u_nll, u_count = unigram_nll(train, files, cfg.n_codebooks, cfg.codebook_size)
-        if not torch.equal(u_count, count):
-            raise RuntimeError(f"the unigram baseline scored {u_count.tolist()} tokens, the LM {count.tolist()}")
-        baseline = (u_nll / u_count).tolist()
-        report["unigram_nll_per_codebook"] = baseline
-        report["unigram_nll"] = float(u_nll.sum() / u_count.sum())
 
-    print(f"{args.split} split of {args.tokens}: {len(files)} files, {int(count[0])} frames, "
+    print(f"{args.split} split of {args.tokens}: {files} files, {int(count[0])} frames, "
           f"windows of {window} frames")
     header = f"{'codebook':>8}  {'NLL nats/tok':>12}  {'perplexity':>10}"
     if baseline is not None:
