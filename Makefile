@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 RVQLM  := $(VENV)/bin/rvqlm
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps corpus demo test test-slow bench clean
+.PHONY: setup system-deps corpus demo test test-slow bench-setup clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,6 +31,11 @@ test: setup
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
+
+# Benchmarks (not run in CI): quality against Opus/codec2 needs PESQ/STOI and the reference codecs.
+bench-setup: setup
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	@bash scripts/system_deps.sh --bench
 
 clean:
 	rm -rf data runs lightning_logs .pytest_cache

@@ -4,7 +4,10 @@
 # chromium + chromium-driver (the listening-report test opens the page in a real browser).
 set -euo pipefail
 need=()
-for pkg in fillets-ng-data-cs alsa-utils ffmpeg chromium chromium-driver; do
+pkgs=(fillets-ng-data-cs alsa-utils ffmpeg chromium chromium-driver)
+# --bench: the reference codecs the quality benchmark compares against (Opus, codec2).
+[ "${1:-}" = "--bench" ] && pkgs+=(opus-tools codec2)
+for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 [ ${#need[@]} -eq 0 ] && exit 0
