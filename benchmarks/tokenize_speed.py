@@ -91,10 +91,13 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=500, help="short files in case (a)")
     ap.add_argument("--hours", type=float, default=1.0, help="length of the file in case (b)")
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads for encoding (default: torch's)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads for encoding (default as `rvqlm tokenize`: cores minus workers, >= 1)")
     ap.add_argument("--batch-seconds", type=float, default=20.0)
     ap.add_argument("--cases", default="ab", help="which cases to run: a, b or ab")
     args = ap.parse_args()
+    if args.threads is None:
+        args.threads = max(1, (os.cpu_count() or 1) - args.workers)
 
     from codec.model import Codec, CodecConfig
     from rvqlm.corpus import prepare_corpus

@@ -28,7 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="list files longer than this as errors instead of tokenizing them (default: no limit)")
     p.add_argument("--shard-frames", type=int, default=None, metavar="F",
                    help="token frames per shard before it is sealed (default 1048576, ~5.8 h at 50 Hz)")
-    p.add_argument("--threads", type=int, default=None, metavar="T", help="torch threads for encoding")
+    p.add_argument("--threads", type=int, default=None, metavar="T",
+                   help="torch threads for encoding (default: CPU cores minus --workers, at least 1; "
+                        "oversubscribed cores make torch several times slower)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -45,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
     from codec.tokenize import tokenize_folder
     from rvqlm.token_shards import DEFAULT_SHARD_FRAMES
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError("--threads must be >= 1")
-        torch.set_num_threads(args.threads)
+    threads = args.threads if args.threads is not None else max(1, (os.cpu_count() or 1) - max(args.workers, 0))
+    if threads < 1:
+        raise ValueError("--threads must be >= 1")
+    torch.set_num_threads(threads)
     if args.shard_frames is not None and args.shard_frames < 1:
         raise ValueError("--shard-frames must be >= 1")
     codec = Codec.from_pretrained(args.codec)
