@@ -27,7 +27,6 @@ than real time); frames/s are per sequence, with the batch's total alongside.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys

@@ -46,7 +46,7 @@ import torch
 import torch.nn.utils.parametrize
 
 from codec.audio import AUDIO_SUFFIXES, AudioError, audio_info, iter_audio_blocks
-from rvqlm.token_shards import DEFAULT_SHARD_FRAMES, ShardWriter, TokenShardError, write_errors
+from rvqlm.token_shards import DEFAULT_SHARD_FRAMES, ShardWriter, write_errors
 
 #: Files longer than this are streamed in blocks of this length; shorter ones are read whole.
 #: Fixed (not a user setting) so the decoded samples, hence the tokens, never depend on options.
@@ -102,48 +102,9 @@ class Decoded:
     error: str | None = None
 
 
-def check_not_truncated(path: str | os.PathLike) -> None:
-    """Raise AudioError for a WAV or Ogg file cut short; libsndfile would silently read what is left.
-
-    WAV: the `data` chunk declares more bytes than the file holds (the sizes 0 and 0xFFFFFFFF that
-    streaming writers leave are accepted). Ogg: the last page is incomplete or lacks the
-    end-of-stream flag.
-    """
-    path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(12)
-        if head[:4] in (b"RIFF", b"RIFX") and head[8:12] == b"WAVE":
-            order = "little" if head[:4] == b"RIFF" else "big"
-            pos = 12
-            while pos + 8 <= size:
-                f.seek(pos)
-                chunk = f.read(8)
-                n = int.from_bytes(chunk[4:8], order)
-                if chunk[:4] == b"data":
-                    if n not in (0, 0xFFFFFFFF) and pos + 8 + n > size:
-                        raise AudioError(path, f"truncated: the header declares {n} bytes of audio, "
-                                               f"the file holds {size - pos - 8}")
-                    return
-                pos += 8 + n + (n & 1)
-        elif head[:4] == b"OggS":
-            f.seek(max(0, size - 65536))
-            tail = f.read()
-            last = tail.rfind(b"OggS")
-            page = tail[last:]
-            if last < 0 or len(page) < 27:
-                raise AudioError(path, "truncated: the last Ogg page is cut off")
-            n_segments = page[26]
-            if len(page) < 27 + n_segments or len(page) < 27 + n_segments + sum(page[27 : 27 + n_segments]):
-                raise AudioError(path, "truncated: the last Ogg page is cut off")
-            if not page[5] & 0x04:
-                raise AudioError(path, "truncated: the Ogg stream has no end-of-stream page")
-
-
 def _decode(index: int, path: str, sample_rate: int, channels: int, max_seconds: float | None) -> Decoded:
     try:
         info = audio_info(path)
-        check_not_truncated(path)
         if max_seconds is not None and info.duration > max_seconds:
             raise AudioError(path, f"too long ({info.duration:.1f} s > --max-file-seconds {max_seconds:g})")
         if info.duration > STREAM_BLOCK_SECONDS:

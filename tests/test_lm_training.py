@@ -3,7 +3,6 @@ the codec fingerprint, exact resume after a kill, identical weights on 2 DDP ran
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from lm import LMConfig, MultiCodebookLM
 from lm.data import TokenFiles, ValidWindows
 from lm.training import (LMTrainingModule, check_fingerprint, decay_groups, evaluate_nll, measure_matmul_peak,
-                         train_main, unigram_nll, warmup_cosine)
+                         train_main, warmup_cosine)
 from rvqlm.cli import main as rvqlm_main
 from test_lm_data import FINGERPRINT, make_token_corpus
 

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 TRAIN_HELP = """Train the LM through LightningCLI `fit`. Every argument goes to LightningCLI:
