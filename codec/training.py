@@ -165,7 +165,7 @@ class CodecModule(L.LightningModule):
 
     def _write_audio_examples(self, wav: torch.Tensor, recon: torch.Tensor) -> None:
         n = min(self.hparams.audio_examples, wav.shape[0])
-        if n <= 0:
+        if n <= 0 or self.logger is None:  # no logger, no log folder: never write into the cwd
             return
         sr, step = self.codec.sample_rate, self.global_step
         if isinstance(self.logger, TensorBoardLogger):
