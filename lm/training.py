@@ -110,13 +110,15 @@ class LMTrainingModule(pl.LightningModule):
             the Trainer's estimated optimizer steps (max_steps).
         measure_peak: time an fp32 matmul at fit start for MFU (off: MFU is not logged).
         export: write `<default_root_dir>/pretrained/` after fit.
+        init_from: a `save_pretrained` folder to start from (fine-tuning). Its architecture must
+            equal `config`'s (dropout may differ) and it must come from the same codec's tokens.
     """
 
     def __init__(self, config: LMConfig, n_codebooks: int | None = None, codebook_size: int | None = None,
                  codec_fingerprint: str | None = None, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
                  adam_eps: float = 1e-8, weight_decay: float = 0.1, warmup_steps: int = 100,
                  min_lr_ratio: float = 0.1, total_steps: int | None = None, measure_peak: bool = True,
-                 export: bool = True):
+                 export: bool = True, init_from: str | None = None):
         super().__init__()
         overrides = {k: v for k, v in (("n_codebooks", n_codebooks), ("codebook_size", codebook_size),
                                        ("codec_fingerprint", codec_fingerprint)) if v is not None}
@@ -128,11 +130,23 @@ class LMTrainingModule(pl.LightningModule):
         self.save_hyperparameters(ignore=["config", "n_codebooks", "codebook_size", "codec_fingerprint"])
         self.hparams["config"] = self.lm_config.to_dict()  # complete, as LightningCLI re-reads it on resume
         self.model = MultiCodebookLM(self.lm_config)
+        if init_from is not None:
+            self._load_initial_weights(init_from)
         self.matmul_peak: float | None = None
         self._rng_to_restore: dict | None = None
         self._last_batch_end: float | None = None
         self._val_nll: Tensor | None = None
         self._val_count: Tensor | None = None
+
+    def _load_initial_weights(self, folder: str) -> None:
+        start = MultiCodebookLM.from_pretrained(folder)
+        mine = dataclasses.replace(self.lm_config, dropout=0.0).to_dict()
+        theirs = dataclasses.replace(start.cfg, dropout=0.0).to_dict()
+        differ = sorted(k for k in mine if mine[k] != theirs.get(k))
+        if differ:
+            raise ValueError(f"init_from {folder}: its LM differs from this recipe's in "
+                             + ", ".join(f"{k} ({theirs.get(k)!r} vs {mine[k]!r})" for k in differ))
+        self.model.load_state_dict(start.state_dict())
 
     # -- training ---------------------------------------------------------------------------------
     def on_fit_start(self) -> None:

@@ -3,6 +3,7 @@ the codec fingerprint, exact resume after a kill, identical weights on 2 DDP ran
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -277,3 +278,20 @@ def test_training_module_takes_the_layout_from_its_arguments():
     cfg = module.model.cfg
     assert (cfg.n_codebooks, cfg.codebook_size, cfg.codec_fingerprint) == (2, 10, "ef" * 32)
     assert module.hparams["config"]["codebook_size"] == 10
+
+
+def test_init_from_starts_from_a_pretrained_lm_and_refuses_another(tmp_path):
+    """Fine-tuning: `init_from` loads a save_pretrained folder; a different architecture or codec is refused."""
+    from lm import LMConfig, MultiCodebookLM
+
+    cfg = LMConfig(n_codebooks=2, codebook_size=7, d_model=16, n_layers=1, n_heads=2, max_seq_len=24,
+                   codec_fingerprint="f" * 64)
+    source = MultiCodebookLM(cfg)
+    source.save_pretrained(tmp_path / "src")
+    module = LMTrainingModule(dataclasses.replace(cfg, dropout=0.1), init_from=str(tmp_path / "src"))
+    for name, tensor in source.state_dict().items():
+        assert torch.equal(module.model.state_dict()[name], tensor), name
+    with pytest.raises(ValueError, match="d_model"):
+        LMTrainingModule(dataclasses.replace(cfg, d_model=32), init_from=str(tmp_path / "src"))
+    with pytest.raises(ValueError, match="codec_fingerprint"):
+        LMTrainingModule(cfg, codec_fingerprint="0" * 64, init_from=str(tmp_path / "src"))
