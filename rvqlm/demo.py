@@ -26,7 +26,9 @@ from rvqlm.report import ReportClip, render_spectrogram
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_CODEC = REPO / "models" / "codec-speech-16k"
-DEMO_LM_RECIPE = REPO / "recipes" / "lm_demo.yaml"
+SHIPPED_LM = REPO / "models" / "lm-speech-16k"
+DEMO_LM_RECIPE = REPO / "recipes" / "lm_demo.yaml"  # from scratch, when no shipped LM fits the codec
+FINETUNE_LM_RECIPE = REPO / "recipes" / "lm_speech.yaml"  # the shipped LM's own recipe
 
 
 @dataclass
@@ -34,7 +36,9 @@ class DemoSettings:
     samples_dir: Path = REPO / "samples"
     work_dir: Path = REPO / "data" / "demo"
     corpus_dir: Path = REPO / "data" / "fillets-cs-16k"
+    tokens_dir: Path | None = None  # default data/tokens/fillets-cs-16k-<codec fingerprint[:12]>
     codec_dir: Path = SHIPPED_CODEC
+    lm_init: Path = SHIPPED_LM
     lm_recipe: Path = DEMO_LM_RECIPE
     lm_minutes: float = 4.0
     n_prompts: int = 3
@@ -117,14 +121,15 @@ def run_demo(s: DemoSettings = DemoSettings()) -> Path:
         recon_rows.append(clips)
 
     _say("3/6 tokenizing the corpus (resumes if already done)")
-    tokens_dir = Path(s.work_dir) / "tokens"
+    tokens_dir = Path(s.tokens_dir or REPO / "data" / "tokens" / f"fillets-cs-16k-{codec.fingerprint()[:12]}")
     summary = tokenize_folder(corpus, tokens_dir, codec, workers=1, progress=True)
     if summary.errors:
         raise RuntimeError(f"{len(summary.errors)} corpus files failed to tokenize; see {tokens_dir}/errors.jsonl")
 
-    _say(f"4/6 training a small LM for {s.lm_minutes:.1f} minutes")
     lm_run = Path(s.work_dir) / "lm"
-    lm_dir = train_demo_lm(s, tokens_dir, lm_run)
+    init = s.lm_init if _fits(s.lm_init, codec.fingerprint()) else None
+    _say(f"4/6 {'fine-tuning the shipped LM' if init else 'training a small LM'} for {s.lm_minutes:.1f} minutes")
+    lm_dir = train_demo_lm(s, tokens_dir, lm_run, init)
     model = MultiCodebookLM.from_pretrained(lm_dir).eval()
     if model.cfg.codec_fingerprint != codec.fingerprint():
         raise RuntimeError("the demo LM was trained on tokens of another codec")
@@ -177,8 +182,17 @@ def run_demo(s: DemoSettings = DemoSettings()) -> Path:
     return page
 
 
-def train_demo_lm(s: DemoSettings, tokens_dir: Path, run_dir: Path) -> Path:
-    """Train the demo LM from its recipe, limited to `s.lm_minutes`; returns its pretrained folder."""
+def _fits(lm_dir: Path, codec_fingerprint: str) -> bool:
+    """True if `lm_dir` is an LM trained on this codec's tokens."""
+    config = Path(lm_dir) / "config.json"
+    if not config.is_file():
+        return False
+    return json.loads(config.read_text()).get("config", {}).get("codec_fingerprint") == codec_fingerprint
+
+
+def train_demo_lm(s: DemoSettings, tokens_dir: Path, run_dir: Path, init: Path | None) -> Path:
+    """Train (from scratch with `s.lm_recipe`) or fine-tune (`init`, with its own recipe at a low
+    learning rate) for `s.lm_minutes`; returns the run's pretrained folder."""
     import shutil
 
     from lm.training import train_main
@@ -186,9 +200,15 @@ def train_demo_lm(s: DemoSettings, tokens_dir: Path, run_dir: Path) -> Path:
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a fresh short run each time; the tokens are what is reused
     minutes = max(s.lm_minutes, 0.1)
-    train_main(["--config", str(s.lm_recipe), "--data.tokens_dir", str(tokens_dir),
-                "--trainer.default_root_dir", str(run_dir),
-                "--trainer.max_time", f"00:00:{int(minutes):02d}:{int((minutes % 1) * 60):02d}"])
+    args = ["--data.tokens_dir", str(tokens_dir), "--trainer.default_root_dir", str(run_dir),
+            "--trainer.max_time", f"00:00:{int(minutes):02d}:{int((minutes % 1) * 60):02d}",
+            "--trainer.enable_progress_bar", "true"]
+    if init is None:
+        train_main(["--config", str(s.lm_recipe), *args])
+    else:
+        train_main(["--config", str(FINETUNE_LM_RECIPE), *args, "--model.init_from", str(init),
+                    "--model.lr", "2e-4", "--model.warmup_steps", "10", "--trainer.max_steps", "10000",
+                    "--trainer.val_check_interval", "50", "--data.max_valid_windows", "32"])
     pretrained = run_dir / "pretrained"
     if not (pretrained / "config.json").exists():
         raise RuntimeError(f"LM training ended without exporting {pretrained}")
