@@ -197,6 +197,23 @@ def export_pretrained(module: CodecModule, dest: str | Path, checkpoint: str | P
     return module.codec.save_pretrained(dest, discriminator=module.discriminator)
 
 
+def export_checkpoint(checkpoint: str | Path, dest: str | Path) -> Path:
+    """Export any Lightning checkpoint of a codec run (e.g. `last.ckpt` of a run still going) to a
+    `from_pretrained` folder, discriminator included. Loads with weights_only=True (no pickle)."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise FileNotFoundError(f"no checkpoint at {checkpoint}")
+    try:
+        ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for a corrupt or non-checkpoint file
+        raise ValueError(f"{checkpoint} is not a readable Lightning checkpoint: {e}") from None
+    if "hyper_parameters" not in ckpt or "state_dict" not in ckpt:
+        raise ValueError(f"{checkpoint} is not a codec training checkpoint (no hyper_parameters/state_dict)")
+    module = CodecModule(**ckpt["hyper_parameters"])
+    module.load_state_dict(ckpt["state_dict"])
+    return module.codec.save_pretrained(dest, discriminator=module.discriminator)
+
+
 class CodecCLI(LightningCLI):
     """LightningCLI without subcommands: parses a recipe, then `train_codec` runs fit + export."""
 

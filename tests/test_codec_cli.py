@@ -90,3 +90,29 @@ def test_clear_errors(tmp_path, tiny_codec_dir, speech, capsys, argv, message):
     assert main([a.format(**values) for a in argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_export_codec_from_a_lightning_checkpoint(tmp_path, speech_files):
+    """`rvqlm export-codec CKPT OUT` turns a training checkpoint into a from_pretrained folder."""
+    import lightning as L
+
+    from codec import Codec
+    from codec.data import CodecDataModule
+    from codec.training import CodecModule
+    from rvqlm.cli import main
+
+    module = CodecModule(codec={"encoder_channels": 4, "decoder_channels": 4, "latent_dim": 8, "n_codebooks": 2,
+                                "codebook_size": 16, "dilations": [1]}, mel_n_ffts=[256])
+    data = CodecDataModule(corpus_dir=str(speech_files["train"][0].parents[2]), crop_seconds=0.2, batch_size=2,
+                           max_train_files=4, max_valid_files=1)
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        default_root_dir=tmp_path)
+    trainer.fit(module, datamodule=data)
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    assert main(["export-codec", str(tmp_path / "run.ckpt"), str(tmp_path / "out")]) == 0
+    codec = Codec.from_pretrained(tmp_path / "out")
+    assert codec.fingerprint() == module.codec.fingerprint()
+    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
+    assert main(["export-codec", str(tmp_path / "junk.ckpt"), str(tmp_path / "out2")]) == 2
+    assert not (tmp_path / "out2").exists()

@@ -23,6 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("lightning_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_train)
 
+    p = sub.add_parser("export-codec", help="Lightning checkpoint of a codec run -> from_pretrained folder")
+    p.add_argument("checkpoint", help="e.g. runs/codec_speech/version_0/checkpoints/last.ckpt")
+    p.add_argument("output", help="folder to write (config.json, model.safetensors, discriminator.safetensors)")
+    p.set_defaults(func=_export)
+
     p = sub.add_parser("reconstruct", help="encode and decode an audio file (hear what the codec keeps)")
     p.add_argument("input", help="audio file (any format libsndfile reads; resampled to the codec's rate)")
     p.add_argument("output", help="output audio file (format from the suffix, e.g. .wav, .flac)")
@@ -54,6 +59,14 @@ def _train(args: argparse.Namespace) -> int:
     from codec.training import train_codec
 
     train_codec(args.lightning_args)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from codec.training import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.output)
+    print(f"exported {args.checkpoint} -> {out}")
     return 0
 
 
