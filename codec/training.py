@@ -15,6 +15,7 @@ last weights) with `Codec.save_pretrained` to `<run dir>/pretrained/`, discrimin
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from pathlib import Path
@@ -209,7 +210,9 @@ def export_checkpoint(checkpoint: str | Path, dest: str | Path) -> Path:
         raise ValueError(f"{checkpoint} is not a readable Lightning checkpoint: {e}") from None
     if "hyper_parameters" not in ckpt or "state_dict" not in ckpt:
         raise ValueError(f"{checkpoint} is not a codec training checkpoint (no hyper_parameters/state_dict)")
-    module = CodecModule(**ckpt["hyper_parameters"])
+    # LightningCLI adds its own keys (_instantiator, _class_path) to the saved hyperparameters.
+    accepted = inspect.signature(CodecModule.__init__).parameters
+    module = CodecModule(**{k: v for k, v in ckpt["hyper_parameters"].items() if k in accepted and k != "self"})
     module.load_state_dict(ckpt["state_dict"])
     return module.codec.save_pretrained(dest, discriminator=module.discriminator)
 

@@ -110,6 +110,9 @@ def test_export_codec_from_a_lightning_checkpoint(tmp_path, speech_files):
                         default_root_dir=tmp_path)
     trainer.fit(module, datamodule=data)
     trainer.save_checkpoint(tmp_path / "run.ckpt")
+    ckpt = torch.load(tmp_path / "run.ckpt", weights_only=True)
+    ckpt["hyper_parameters"]["_instantiator"] = "lightning.pytorch.cli.instantiate_module"  # as LightningCLI saves
+    torch.save(ckpt, tmp_path / "run.ckpt")
     assert main(["export-codec", str(tmp_path / "run.ckpt"), str(tmp_path / "out")]) == 0
     codec = Codec.from_pretrained(tmp_path / "out")
     assert codec.fingerprint() == module.codec.fingerprint()
