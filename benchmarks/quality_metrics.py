@@ -1,0 +1,197 @@
+"""Metric helpers shared by the quality benchmarks (codec_quality.py, continuation_quality.py).
+
+Reconstruction quality (reference and decoded speech at the same rate, 1-D float arrays in [-1, 1]):
+
+* `estimate_lag` / `align`: a decoded file from another codec can be delayed (encoder look-ahead,
+  resampler filters) or padded. `estimate_lag` finds the shift L that best lines the decoded signal
+  up with the reference, `decoded[n + L] ~ reference[n]`, as the peak of their cross-correlation
+  (computed by FFT) over the first `window_s` seconds, searched within +-`max_lag_s`. `align`
+  applies it: drops L leading samples (or prepends -L zeros) and then cuts or zero-pads the end to
+  the reference's length, so both signals have exactly the same samples.
+* `score`: mel distance (`codec.losses.mel_distance`, multi-scale log-mel L1, lower is better),
+  SI-SDR in dB (`codec.losses.si_sdr`), STOI (pystoi, 0..1) and wideband PESQ (pesq, MOS-LQO
+  1.04..4.64). A metric that cannot be computed on a file (PESQ finds no speech, or the package is
+  missing) is NaN there, and `mean_scores` averages the other files.
+
+Generated token streams and audio (continuation_quality.py):
+
+* `repetition`: how much of a continuation copies what came before it (see its docstring).
+* `silence_share`: the share of 20 ms frames quieter than -40 dBFS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import numpy as np
+import torch
+
+from codec.losses import mel_distance, si_sdr
+
+METRICS = ("mel", "si_sdr", "stoi", "pesq")
+HIGHER_IS_BETTER = {"mel": False, "si_sdr": True, "stoi": True, "pesq": True}
+
+
+# ---- alignment ------------------------------------------------------------------------------------
+
+def estimate_lag(reference: np.ndarray, decoded: np.ndarray, sample_rate: int, *, max_lag_s: float = 0.1,
+                 window_s: float = 4.0) -> int:
+    """The shift L (samples, |L| <= max_lag_s * sample_rate) maximising sum_n ref[n] * dec[n + L].
+
+    Only the first `window_s` seconds of the reference (and that plus the search range of the
+    decoded signal) are correlated: delays of speech codecs are constant, and this keeps it cheap.
+    Returns 0 when either window is silent (no peak to find).
+    """
+    reference, decoded = _mono(reference, "reference"), _mono(decoded, "decoded")
+    max_lag = int(round(max_lag_s * sample_rate))
+    ref = reference[: int(round(window_s * sample_rate))].astype(np.float64)
+    dec = decoded[: len(ref) + max_lag].astype(np.float64)
+    if not ref.any() or not dec.any():
+        return 0
+    n = 1 << int(math.ceil(math.log2(len(ref) + len(dec))))
+    corr = np.fft.irfft(np.conj(np.fft.rfft(ref, n)) * np.fft.rfft(dec, n), n)  # corr[L] = sum ref[m] dec[m+L]
+    lags = np.arange(-max_lag, max_lag + 1)
+    return int(lags[np.argmax(corr[lags % n])])  # ties: the smallest lag
+
+
+def align(decoded: np.ndarray, lag: int, length: int) -> np.ndarray:
+    """decoded shifted by `lag` (see estimate_lag) and cut or zero-padded to `length` samples."""
+    decoded = _mono(decoded, "decoded")
+    shifted = decoded[lag:] if lag >= 0 else np.concatenate([np.zeros(-lag, decoded.dtype), decoded])
+    if len(shifted) >= length:
+        return shifted[:length]
+    return np.concatenate([shifted, np.zeros(length - len(shifted), decoded.dtype)])
+
+
+def _mono(x: np.ndarray, name: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array of samples, got shape {x.shape}")
+    return x
+
+
+# ---- reconstruction metrics -----------------------------------------------------------------------
+
+def have_package(name: str) -> bool:
+    """Whether an optional metric package (pesq, pystoi: `make bench-setup`) is importable."""
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def pesq_wb(reference: np.ndarray, decoded: np.ndarray, sample_rate: int) -> float:
+    """Wideband PESQ (ITU-T P.862.2) MOS-LQO, or NaN if PESQ cannot score the pair (no speech found,
+    too short) or the `pesq` package is not installed (`make bench-setup`)."""
+    if sample_rate != 16000:
+        raise ValueError(f"wideband PESQ is defined at 16 kHz, got {sample_rate} Hz")
+    try:
+        from pesq import PesqError, pesq
+    except ImportError:
+        return float("nan")
+    if not (reference.any() or decoded.any()):  # pesq would divide by a zero peak
+        return float("nan")
+    value = pesq(sample_rate, reference.astype(np.float64), decoded.astype(np.float64), "wb",
+                 on_error=PesqError.RETURN_VALUES)
+    return float(value) if value > 0 else float("nan")  # errors come back as negative codes
+
+
+def stoi(reference: np.ndarray, decoded: np.ndarray, sample_rate: int) -> float:
+    """Short-time objective intelligibility (0..1; pystoi resamples to 10 kHz inside), NaN without pystoi."""
+    try:
+        from pystoi import stoi as _stoi
+    except ImportError:
+        return float("nan")
+    return float(_stoi(reference.astype(np.float64), decoded.astype(np.float64), sample_rate, extended=False))
+
+
+def score(reference: np.ndarray, decoded: np.ndarray, sample_rate: int) -> dict[str, float]:
+    """All four metrics of one aligned pair (same length 1-D arrays) -> {"mel", "si_sdr", "stoi", "pesq"}."""
+    reference, decoded = _mono(reference, "reference"), _mono(decoded, "decoded")
+    if reference.shape != decoded.shape:
+        raise ValueError(f"align the signals first: {reference.shape} vs {decoded.shape} samples")
+    ref_t = torch.from_numpy(reference.astype(np.float32))[None, None]  # [1, 1, S]
+    dec_t = torch.from_numpy(decoded.astype(np.float32))[None, None]
+    return {"mel": float(mel_distance(dec_t, ref_t, sample_rate)[0]),
+            "si_sdr": float(si_sdr(dec_t, ref_t)[0]),
+            "stoi": stoi(reference, decoded, sample_rate),
+            "pesq": pesq_wb(reference, decoded, sample_rate)}
+
+
+@dataclass
+class MeanScores:
+    """Per-metric means over files (NaN files left out) and how many files each mean covers."""
+
+    means: dict[str, float]
+    counts: dict[str, int]
+
+
+def mean_scores(per_file: Iterable[Mapping[str, float]]) -> MeanScores:
+    rows = list(per_file)
+    means, counts = {}, {}
+    for m in METRICS:
+        values = [r[m] for r in rows if m in r and not math.isnan(r[m])]
+        means[m] = float(np.mean(values)) if values else float("nan")
+        counts[m] = len(values)
+    return MeanScores(means, counts)
+
+
+# ---- generated tokens and audio -------------------------------------------------------------------
+
+@dataclass
+class Repetition:
+    """See `repetition`. share: repeated n-gram share (0..1); longest: longest copied span, in frames."""
+
+    share: float
+    longest: int
+
+
+def repetition(stream: np.ndarray, start: int, n: int = 8) -> Repetition:
+    """How much of `stream[start:]` (a continuation) repeats what came before it, in one token stream.
+
+    stream: 1-D ids, one per frame (continuation_quality.py passes codebook 0, the coarsest, whose
+    loops are the audible ones; fine codebooks vary even inside a loop). stream[:start] is the
+    prompt, stream[start:] the continuation.
+
+    share: of the continuation's n-grams (n consecutive frames, all inside the continuation), the
+    share that occur somewhere earlier in the stream (starting at an earlier frame, in the prompt or
+    the continuation, overlap allowed). 0 = never copies n frames in a row, 1 = every n-gram is a
+    copy; NaN if the continuation is shorter than n frames.
+    longest: the longest span ending inside the continuation that also occurs earlier in the
+    stream (the "longest previous factor"), in frames: a model stuck in a loop of P frames scores
+    about the whole continuation, fresh speech a few frames.
+    """
+    x = np.asarray(stream)
+    if x.ndim != 1:
+        raise ValueError(f"stream must be 1-D (one id per frame), got shape {x.shape}")
+    if not 0 <= start <= len(x):
+        raise ValueError(f"start must be in 0..{len(x)}, got {start}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    # suffix[j] (j < i) = length of the longest common suffix of x[:i+1] and x[:j+1], row i from row i-1.
+    suffix = np.zeros(0, dtype=np.int64)
+    longest, copied, counted = 0, 0, 0
+    for i in range(len(x)):
+        before = np.concatenate([[0], suffix[: i - 1]]) if i else suffix
+        suffix = np.where(x[:i] == x[i], before + 1, 0)
+        if i < start:
+            continue
+        best = int(suffix.max()) if i else 0  # longest span ending at i that also ends earlier
+        longest = max(longest, best)
+        if i - n + 1 >= start:
+            counted += 1
+            copied += best >= n
+    return Repetition(share=copied / counted if counted else float("nan"), longest=longest)
+
+
+def silence_share(wav: np.ndarray, sample_rate: int, *, frame_s: float = 0.02, threshold_dbfs: float = -40.0) -> float:
+    """Share of the whole `frame_s` frames of `wav` (1-D, full scale 1.0) whose RMS is below
+    `threshold_dbfs` (20 log10 RMS). A trailing part frame is left out; NaN if no whole frame."""
+    x = _mono(wav, "wav").astype(np.float64)
+    size = int(round(frame_s * sample_rate))
+    frames = len(x) // size
+    if frames == 0:
+        return float("nan")
+    rms = np.sqrt(np.mean(x[: frames * size].reshape(frames, size) ** 2, axis=1))
+    return float(np.mean(rms < 10 ** (threshold_dbfs / 20)))

@@ -1,0 +1,230 @@
+"""The quality benchmarks' helpers: alignment, metrics, repetition and silence measures, the Opus and
+codec2 wrappers on real speech, and codec_quality.py end to end on a tiny random codec."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import codec_quality as cq  # noqa: E402
+import quality_metrics as qm  # noqa: E402
+
+SR = 16000
+needs_ffmpeg = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg not installed (make bench-setup)")
+needs_codec2 = pytest.mark.skipif(shutil.which("c2enc") is None, reason="codec2 not installed (make bench-setup)")
+needs_pesq = pytest.mark.skipif(not all(qm.have_package(m) for m in ("pesq", "pystoi")),
+                                reason="pesq / pystoi not installed (make bench-setup)")
+
+
+@pytest.fixture(scope="module")
+def speech(speech_files) -> np.ndarray:
+    """3 s of held-out real speech, 16 kHz mono float32 [S]."""
+    from codec.audio import audio_info, load_audio
+
+    path = next(f for f in speech_files["test"] if audio_info(f).duration >= 3.5)
+    return load_audio(path, SR, 1, duration_seconds=3.0)[0].numpy()
+
+
+# ---- alignment ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("delay", [0, 37, 401, -25])
+def test_estimate_lag_recovers_a_known_delay_and_align_undoes_it(speech, delay):
+    decoded = np.concatenate([np.zeros(delay, np.float32), speech]) if delay >= 0 else speech[-delay:]
+    decoded = np.concatenate([decoded, np.zeros(123, np.float32)])  # padded tail, like a codec's last frame
+    lag = qm.estimate_lag(speech, decoded, SR)
+    assert lag == delay
+    aligned = qm.align(decoded, lag, len(speech))
+    assert aligned.shape == speech.shape
+    if delay >= 0:
+        np.testing.assert_array_equal(aligned, speech)
+    else:  # the samples cut off at the start are unknown: zeros, the rest is exact
+        np.testing.assert_array_equal(aligned[:-delay], 0)
+        np.testing.assert_array_equal(aligned[-delay:], speech[-delay:])
+
+
+def test_estimate_lag_stays_within_the_search_range(speech):
+    decoded = np.concatenate([np.zeros(4000, np.float32), speech])  # 250 ms, beyond the default +-100 ms
+    assert abs(qm.estimate_lag(speech, decoded, SR)) <= 1600
+    assert qm.estimate_lag(speech, decoded, SR, max_lag_s=0.3) == 4000
+    assert qm.estimate_lag(speech, np.zeros_like(speech), SR) == 0
+
+
+def test_align_refuses_non_1d_input(speech):
+    with pytest.raises(ValueError, match="1-D"):
+        qm.align(speech[None], 0, 10)
+
+
+# ---- reconstruction metrics -----------------------------------------------------------------------
+
+@needs_pesq
+def test_metrics_rank_identity_light_noise_and_heavy_noise(speech):
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal(speech.shape).astype(np.float32)
+    power = float(np.mean(speech ** 2))
+
+    def at_snr(db):
+        return speech + noise * math.sqrt(power / 10 ** (db / 10))
+
+    same, light, heavy = (qm.score(speech, x, SR) for x in (speech.copy(), at_snr(20), at_snr(0)))
+    assert same["mel"] < 1e-6 and same["si_sdr"] > 60 and same["stoi"] > 0.999 and same["pesq"] > 4.5
+    assert abs(light["si_sdr"] - 20) < 0.5 and abs(heavy["si_sdr"]) < 0.5  # SI-SDR of white noise = its SNR
+    for m in qm.METRICS:
+        better = (lambda a, b: a > b) if qm.HIGHER_IS_BETTER[m] else (lambda a, b: a < b)
+        assert better(same[m], light[m]) and better(light[m], heavy[m]), m
+
+
+def test_score_refuses_unaligned_signals(speech):
+    with pytest.raises(ValueError, match="align"):
+        qm.score(speech, speech[:-1], SR)
+
+
+@needs_pesq
+def test_pesq_of_silence_is_nan_and_means_skip_it():
+    assert math.isnan(qm.pesq_wb(np.zeros(SR), np.zeros(SR), SR))
+    means = qm.mean_scores([{"mel": 1.0, "si_sdr": 2.0, "stoi": 0.5, "pesq": float("nan")},
+                            {"mel": 3.0, "si_sdr": 4.0, "stoi": 0.7, "pesq": 2.5}])
+    assert means.means == pytest.approx({"mel": 2.0, "si_sdr": 3.0, "stoi": 0.6, "pesq": 2.5})
+    assert means.counts == {"mel": 2, "si_sdr": 2, "stoi": 2, "pesq": 1}
+
+
+# ---- repetition and silence -----------------------------------------------------------------------
+
+def test_repetition_of_a_loop_fresh_tokens_and_a_hand_counted_case():
+    loop = np.tile([4, 7, 1, 9, 2], 6)  # prompt = one period, continuation = five more
+    r = qm.repetition(loop, start=5, n=3)
+    assert r.share == 1.0 and r.longest == 25  # everything copies what came before
+    fresh = qm.repetition(np.arange(40), start=10, n=3)
+    assert fresh.share == 0.0 and fresh.longest == 0
+    # continuation [1 2 3 9 1 2] after prompt [1 2 3]: 2-grams 12 23 39 91 12 -> 12, 23, 12 are copies
+    r = qm.repetition(np.array([1, 2, 3, 1, 2, 3, 9, 1, 2]), start=3, n=2)
+    assert r.share == pytest.approx(3 / 5) and r.longest == 3
+    assert math.isnan(qm.repetition(np.arange(5), start=4, n=3).share)  # no whole n-gram in 1 frame
+
+
+def test_repetition_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="1-D"):
+        qm.repetition(np.zeros((2, 3)), 0)
+    with pytest.raises(ValueError, match="start"):
+        qm.repetition(np.zeros(3), 4)
+
+
+def test_silence_share_counts_frames_below_the_threshold():
+    frame = 320  # 20 ms at 16 kHz
+    loud, quiet = np.full(frame, 0.1), np.full(frame, 0.001)  # -20 dBFS and -60 dBFS
+    wav = np.concatenate([loud, quiet, quiet, loud, np.zeros(100)])  # the part frame is ignored
+    assert qm.silence_share(wav, SR) == 0.5
+    assert qm.silence_share(wav, SR, threshold_dbfs=-10) == 1.0
+    assert math.isnan(qm.silence_share(np.zeros(100), SR))
+
+
+# ---- reference codecs on real speech --------------------------------------------------------------
+
+@needs_ffmpeg
+@needs_pesq
+def test_opus_roundtrip_keeps_timing_and_bitrate_and_sounds_like_speech(speech, tmp_path):
+    rt = cq.opus_roundtrip(speech, SR, 6.0, tmp_path)
+    assert abs(len(rt.decoded) - len(speech)) <= SR // 50  # ffmpeg removes the encoder's pre-skip
+    kbps = rt.bits / (len(speech) / SR) / 1000
+    assert 3.0 < kbps < 8.0, kbps  # VBR around the 6 kbps target, packets only
+    lag = qm.estimate_lag(speech, rt.decoded, SR)
+    assert abs(lag) < SR * 0.005
+    s = qm.score(speech, qm.align(rt.decoded, lag, len(speech)), SR)
+    assert s["stoi"] > 0.7 and s["pesq"] > 1.3
+    with pytest.raises(ValueError, match="below 6"):
+        cq.opus_roundtrip(speech, SR, 4.0, tmp_path)
+
+
+def test_ogg_packet_sizes_follow_the_lacing_values():
+    def page(lacing: list[int]) -> bytes:
+        return b"OggS" + bytes(22) + bytes([len(lacing)]) + bytes(lacing) + bytes(sum(lacing))
+
+    # packet of 255 + 10 bytes spanning one page's lacing, then a 3-byte packet, then a 0-byte one
+    assert cq.ogg_packet_bytes(page([255, 10, 3]) + page([0])) == [265, 3, 0]
+    with pytest.raises(ValueError, match="Ogg"):
+        cq.ogg_packet_bytes(b"RIFF" + bytes(40))
+
+
+@needs_codec2
+@needs_pesq
+def test_codec2_roundtrip_bits_are_the_mode_s_frames(speech, tmp_path):
+    rt = cq.codec2_roundtrip(speech, SR, "1200", tmp_path)  # 48 bits = 6 bytes per 40 ms frame
+    frames = len(speech) / 2 // 320  # 40 ms frames of the 8 kHz signal
+    assert rt.bits == 48 * frames
+    assert abs(len(rt.decoded) - len(speech)) <= 640
+    lag = qm.estimate_lag(speech, rt.decoded, SR)
+    s = qm.score(speech, qm.align(rt.decoded, lag, len(speech)), SR)
+    assert s["stoi"] > 0.45  # a vocoder: intelligible, with its own phase (SI-SDR says nothing)
+    wide = cq.codec2_roundtrip(speech, SR, "450PWB", tmp_path)
+    assert abs(len(wide.decoded) - len(speech)) <= 640
+    with pytest.raises(ValueError, match="mode"):
+        cq.codec2_roundtrip(speech, SR, "999", tmp_path)
+
+
+# ---- the benchmark's own logic --------------------------------------------------------------------
+
+def _summary(group, setting, kbps, mel, si_sdr, stoi, pesq):
+    return {"group": group, "setting": setting, "kbps": kbps,
+            "metrics": {"mel": mel, "si_sdr": si_sdr, "stoi": stoi, "pesq": pesq}}
+
+
+def test_goal_compares_our_best_row_at_6_kbps_or_less_with_opus_6k():
+    rows = [_summary("ours", "N_c=4", 2.0, 0.9, 1.0, 0.80, 2.0),
+            _summary("ours", "N_c=8", 4.0, 0.8, 2.0, 0.85, 2.6),  # best PESQ at <= 6 kbps
+            _summary("ours", "N_c=16", 8.0, 0.1, 30.0, 0.99, 4.5),  # above 6 kbps: not eligible
+            _summary("opus", "6k voip", 6.0, 0.85, 3.0, 0.84, 2.4)]
+    v = cq.goal_verdict(rows)
+    assert v["ours"] == "N_c=8" and v["wins"] == ["mel", "stoi", "pesq"] and v["losses"] == ["si_sdr"]
+    assert v["met"] is False and "NOT MET" in v["line"]
+    rows[1]["metrics"]["si_sdr"] = 3.5
+    assert cq.goal_verdict(rows)["met"] is True
+    assert cq.goal_verdict(rows[:3])["met"] is None  # no Opus row
+
+
+def test_opus_bitrates_default_to_the_floor_and_ours_above_it():
+    assert cq.opus_bitrates(None, [0.5, 1.0, 4.0]) == [6.0]
+    assert cq.opus_bitrates(None, [3.0, 6.0, 7.5]) == [6.0, 7.5]
+    assert cq.opus_bitrates([8, 6], [1.0]) == [6, 8]
+    with pytest.raises(ValueError, match="below 6"):
+        cq.opus_bitrates([3.0], [1.0])
+
+
+def test_pick_files_spreads_over_the_sorted_list(speech_files):
+    files = speech_files["test"]
+    picked = cq.pick_files(files, 5, 1.0)
+    assert len(picked) == 5 and picked == sorted(picked) and len({p.parent for p in picked}) >= 3
+    with pytest.raises(ValueError, match="at least"):
+        cq.pick_files(files[:3], 5, 1e6)
+
+
+@needs_ffmpeg
+@needs_codec2
+@needs_pesq
+def test_codec_quality_end_to_end_on_a_tiny_random_codec(tmp_path, capsys):
+    from codec import Codec, CodecConfig
+
+    torch.manual_seed(0)
+    codec = Codec(CodecConfig(encoder_channels=2, decoder_channels=4, latent_dim=8, n_codebooks=3,
+                              codebook_size=16, dilations=(1,))).eval()
+    folder = codec.save_pretrained(tmp_path / "codec")
+    out = tmp_path / "q.json"
+    assert cq.main(["--codec", str(folder), "--max-files", "1", "--codec2-modes", "1200", "--json", str(out),
+                    "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "ours N_c=3" in printed and "opus 6k voip" in printed and "codec2 1200" in printed and "goal" in printed
+    result = json.loads(out.read_text())
+    rows = {(r["system"], r["setting"]): r for r in result["rows"]}
+    assert set(rows) == {("ours", "N_c=1"), ("ours", "N_c=2"), ("ours", "N_c=3"), ("opus", "6k voip"),
+                         ("codec2", "1200")}
+    assert rows[("ours", "N_c=2")]["kbps"] == pytest.approx(2 * 4 * 50 / 1000)  # 2 codebooks x 4 bits x 50 Hz
+    assert rows[("ours", "N_c=2")]["kbps_measured"] >= rows[("ours", "N_c=2")]["kbps"]  # + the padded last frame
+    assert all(r["files"] == 1 for r in result["rows"]) and len(result["files"]) == 1
+    assert result["goal"]["met"] is not None
