@@ -12,15 +12,25 @@ The prompt's steps are all forced, so they go through the model in one batched "
 after it every step feeds exactly one position. With the KV cache (preallocated once for the
 whole generation) a step costs one position's projections plus one pass over the cached keys.
 
-Past the trained context (`max_seq_len` positions):
-* RoPE: a ring-buffer cache keeps the last max_seq_len positions. Keys are cached already rotated
-  and RoPE scores depend only on relative offsets, so nothing is recomputed and nothing changes at
-  the boundary: it equals a full forward with a sliding-window mask (`model(x, window=W)`).
+Past the trained context (W = `max_seq_len` positions). Every training window starts with bos at
+position 0, so no query in training ever lost sight of it; a model leans on it (an "attention
+sink", StreamingLLM, Xiao et al. 2023), and dropping it at the boundary risks a quality cliff.
+`sink=True` (the default) keeps bos in view the way a training window shows it:
+* RoPE: a ring-buffer cache keeps bos in a permanent sink slot plus the last W-1 positions, and
+  presents bos to the query at position p as if it sat at p-W+1, at the distance W-1 it has from
+  the last query of a training window (see lm.kv_cache; one key rotation per layer per step).
 * learned / sinusoidal: the positions are baked into every cached key, so each step past the
-  context recomputes the last max_seq_len inputs from scratch (positions 0..W-1 again).
+  context recomputes a fresh training window: [bos] + the last W-1 inputs at positions 0..W-1.
+`sink=False` gives the plain sliding window instead, for comparison: a ring cache of the last W
+positions (RoPE; exactly a full forward with a sliding-window mask, `model(x, window=W)`) or a
+recompute of the last W inputs at positions 0..W-1 (additive encodings); bos falls out of view.
+`benchmarks/context_boundary.py` measures both against the fresh-window recompute.
 
-`use_cache=False` recomputes the whole prefix at every step: the reference the cached path is
-tested against, and the baseline of `benchmarks/generate_speed.py`.
+`use_cache=False` recomputes the whole prefix at every step (past the context: the window that
+`sink` chooses): the reference the cached path is tested against, and the baseline of
+`benchmarks/generate_speed.py`. With RoPE and more than one layer the cached sink path and the
+fresh-window recompute differ past the context (the cached deeper keys of a rolling cache carry
+older context); with one layer they are equal.
 """
 
 from __future__ import annotations
@@ -112,16 +122,26 @@ def _model_inputs(plan: GenerationPlan, bos_id: int) -> Tensor:
     return torch.cat([torch.full_like(seq[..., :1], bos_id), seq[..., :-1]], dim=-1)
 
 
+def fresh_window(inputs: Tensor, step: int, window: int) -> Tensor:
+    """inputs [B, N_c, S] (bos at position 0) -> [B, N_c, min(step + 1, window)]: the inputs a training
+    window ending at `step` holds, bos then the last window - 1 inputs up to `step` (positions 0..W-1)."""
+    if step < window:
+        return inputs[..., :step + 1]
+    return torch.cat([inputs[..., :1], inputs[..., step + 2 - window:step + 1]], dim=-1)
+
+
 def iter_decode(
     model: MultiCodebookLM,
     plan: GenerationPlan,
     choose: Callable[[Tensor], Tensor],
     *,
     use_cache: bool = True,
+    sink: bool = True,
 ) -> Iterator[DecodeStep]:
     """Fill `plan.seq` step by step from `plan.first_step` on, yielding each step's logits and ids.
 
     choose: logits [B, N_c, |V|] -> ids [B, N_c] (e.g. a partial of `sample_next`).
+    sink: past the context, keep bos in view as in training (see the module docstring).
     Runs under the caller's grad mode; `generate` wraps it in inference_mode.
     """
     cfg = model.cfg
@@ -134,7 +154,7 @@ def iter_decode(
     cache = None
     if use_cache:
         ring = rope and n_steps > window
-        cache = model.new_cache(seq.shape[0], max_len=min(n_steps, window), ring=ring)
+        cache = model.new_cache(seq.shape[0], max_len=min(n_steps, window), ring=ring, sink=ring and sink)
 
     for s in range(plan.first_step, n_steps):
         if cache is not None and (s < window or rope):
@@ -143,9 +163,11 @@ def iter_decode(
             logits = model(inputs[..., start:s + 1], cache=cache)[:, :, -1]
         elif s < window:  # full recompute inside the context
             logits = model(inputs[..., :s + 1])[:, :, -1]
-        elif rope:  # full recompute past the context: sliding-window mask, the ring cache's exact twin
+        elif sink:  # past the context: the window a training example would give, bos first
+            logits = model(fresh_window(inputs, s, window))[:, :, -1]
+        elif rope:  # past the context, no sink: sliding-window mask, the plain ring cache's exact twin
             logits = model(inputs[..., :s + 1], window=window)[:, :, -1]
-        else:  # additive positions past the context: recompute the last window at positions 0..W-1
+        else:  # additive positions past the context, no sink: the last W inputs at positions 0..W-1
             logits = model(inputs[..., s + 1 - window:s + 1])[:, :, -1]
         chosen = choose(logits)
         tokens = torch.where(forced[:, s], seq[..., s], chosen)
@@ -177,6 +199,7 @@ def generate(
     seed: int | None = None,
     batch_size: int = 1,
     use_cache: bool = True,
+    sink: bool = True,
     progress: bool = False,
     frame_rate: float | None = None,
 ) -> Tensor:
@@ -188,7 +211,8 @@ def generate(
     then top-p (see lm.sampling). `generator` (or `seed`, which builds one on the model's device)
     makes sampling reproducible. `progress` shows a tqdm bar with frames/s and, given `frame_rate`
     (frames per second of audio), the real-time factor RTF = compute time / audio time generated
-    (< 1 is faster than real time).
+    (< 1 is faster than real time). Past the LM's context, `sink` (default) keeps bos in view as in
+    training; `sink=False` is the plain sliding window (see the module docstring).
     """
     check_sampling_args(temperature, top_k, top_p, greedy)
     cfg, device = model.cfg, model.device
@@ -210,7 +234,7 @@ def generate(
     try:
         with torch.inference_mode():
             done = 0
-            for step in iter_decode(model, plan, choose, use_cache=use_cache):
+            for step in iter_decode(model, plan, choose, use_cache=use_cache, sink=sink):
                 # Frame t is complete once its most delayed codebook is placed, at step t + max_delay.
                 finished = min(max(step.step - max_delay + 1 - plan.prompt_frames, 0), max_new_frames)
                 if finished > done:

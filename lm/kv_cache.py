@@ -9,22 +9,39 @@ one-position step costs one position's projections plus one pass over the cached
 Absolute positions. The cache counts every position it has seen (`length` = the next absolute
 position) and records which absolute position each slot holds (`slot_pos`, -1 = empty). The
 attention mask is derived from these: a query at absolute position p may attend to the key at
-absolute position a iff a is a filled slot and 0 <= p - a < window.
+absolute position a iff a is a filled slot and 0 <= p - a < window (W = max_len in the ring modes;
+with a sink, position 0 is always visible and the others need 0 <= p - a < W - 1).
 
-Two modes:
+Three modes:
 
 * linear (default): slot = absolute position. At most `max_len` positions in all; asking for more
   raises a clear error.
-* ring (`ring=True`, RoPE models only): slot = absolute position mod max_len, so the cache keeps
-  the last `max_len` positions (a sliding window) and generation can run for ever. This is exact
-  for RoPE because keys are cached *already rotated at their absolute positions*, and the RoPE
-  score q_p . k_a depends only on p - a: nothing cached has to be recomputed when the window
+* plain ring (`ring=True`, RoPE models only): slot = absolute position mod max_len, so the cache
+  keeps the last `max_len` positions (a sliding window) and generation can run for ever. This is
+  exact for RoPE because keys are cached *already rotated at their absolute positions*, and the
+  RoPE score q_p . k_a depends only on p - a: nothing cached has to be recomputed when the window
   slides, and positions past the trained context are seen only through relative offsets
-  < max_len <= max_seq_len, which training covered. Decoding with the ring cache equals a full
+  < max_len <= max_seq_len, which training covered. Decoding with the plain ring equals a full
   forward with a sliding-window causal mask of width max_len (a query sees its own position and
   the max_len - 1 before it). With additive (sinusoidal / learned) encodings, a token's position
   is baked into every cached key and value of every layer, so sliding the window would need a
-  recompute: the model refuses the ring mode for them.
+  recompute: the model refuses the ring modes for them.
+* ring with an attention sink (`ring=True, sink=True`, RoPE): the plain ring lets the first
+  position (bos in generation) fall out of the window once it has slid, which training never
+  shows: every training window starts with bos at position 0, so every query had it in view, and
+  models learn to park attention there (an "attention sink", StreamingLLM, Xiao et al. 2023).
+  Here slot 0 keeps position 0 for ever and slots 1..W-1 (W = max_len) are a ring over the
+  positions >= 1 (slot = 1 + (a - 1) mod (W - 1)). A query at absolute position p sees p-W+2..p
+  and the sink *as if it sat at position p-W+1*, just before them, i.e. at the same distance
+  W-1 as bos from the last query of a training window, never farther. So the sink key is kept
+  un-rotated (rotation by position 0 is the identity, so slot 0 holds it so until the ring first
+  wraps) and, at each step past the window, rotated to p-W+1 into slot 0: one key per layer per
+  step. Position 0 attends only to itself, so its keys at every layer do not depend on where it
+  sits or what follows: the rotated sink is exactly the bos key a fresh window would compute. A
+  one-layer model therefore gives, at every step, exactly the logits of a fresh forward over
+  [bos] + the last W-1 tokens at positions 0..W-1 (a training window); with more layers the
+  cached deeper keys of the other tokens also carry older context, as with any rolling cache. A multi-position step
+  past the window needs one sink rotation per query: the model feeds it one position at a time.
 """
 
 from __future__ import annotations
@@ -33,6 +50,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from lm.layers import RotaryEmbedding, apply_rotary
 
 
 @dataclass
@@ -49,23 +68,35 @@ class KVCache:
     Usage inside a forward pass over S new positions: `positions, mask = cache.begin(S)` once,
     then `k, v = cache.update(layer, k_new, v_new)` once per layer; `mask` ([S, K] bool, True =
     may attend, or None when every returned key is visible) goes with the returned keys.
+    `sink=True` (with `ring=True`) needs the model's `rope`, to re-rotate the sink key each step.
     """
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, head_dim: int, max_len: int,
-                 *, ring: bool = False, device: torch.device | str | None = None,
-                 dtype: torch.dtype = torch.float32):
+                 *, ring: bool = False, sink: bool = False, rope: RotaryEmbedding | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
         for name, value in (("n_layers", n_layers), ("batch_size", batch_size), ("n_kv_heads", n_kv_heads),
                             ("head_dim", head_dim), ("max_len", max_len)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"KVCache {name} must be a positive integer, got {value!r}")
+        if sink:
+            if not ring:
+                raise ValueError("sink=True keeps position 0 in a sliding window: it needs ring=True "
+                                 "(a linear cache never drops anything)")
+            if rope is None:
+                raise ValueError("a sink cache re-rotates the sink key at every step: pass the model's RotaryEmbedding")
+            if max_len < 2:
+                raise ValueError(f"a sink cache needs max_len >= 2 (the sink plus one ring slot), got {max_len}")
         shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.slot_pos = torch.full((max_len,), -1, dtype=torch.long, device=device)
         self.max_len = max_len
         self.ring = ring
+        self.sink = sink
+        self.rope = rope
         self.length = 0  # positions seen so far = absolute position of the next one
         self._pending: _PendingWrite | None = None
+        self._sink_keys: Tensor | None = None  # [L, B, H_kv, 1, Dh] position 0's keys, un-rotated
 
     @property
     def batch_size(self) -> int:
@@ -77,7 +108,8 @@ class KVCache:
 
     @property
     def window(self) -> int | None:
-        """How many positions (the query's own included) a query sees in ring mode; None in linear mode."""
+        """How many positions (the query's own and, with a sink, the sink included) a query sees in
+        the ring modes; None in linear mode."""
         return self.max_len if self.ring else None
 
     def reset(self) -> None:
@@ -85,6 +117,13 @@ class KVCache:
         self.slot_pos.fill_(-1)
         self.length = 0
         self._pending = None
+        self._sink_keys = None
+
+    def _ring_slot(self, position: int) -> int:
+        """The slot of absolute position `position` once the ring has wrapped."""
+        if self.sink:
+            return 1 + (position - 1) % (self.max_len - 1)  # slot 0 is the sink's
+        return position % self.max_len
 
     def begin(self, n_new: int) -> tuple[Tensor, Tensor | None]:
         """Reserve the next n_new absolute positions -> (positions [n_new] long, mask [n_new, K] | None).
@@ -97,7 +136,8 @@ class KVCache:
         device = self.slot_pos.device
         positions = torch.arange(p0, p0 + n_new, device=device)
         if p0 + n_new <= cap:
-            # Not wrapped (yet): slot = absolute position, keys are slots [0, p0 + n_new).
+            # Not wrapped (yet): slot = absolute position, keys are slots [0, p0 + n_new). With a sink,
+            # every query p <= cap - 1 sees position 0 at its true distance p <= cap - 1: nothing special.
             self._pending = _PendingWrite("linear", p0, None, 0)
             self.slot_pos[p0:p0 + n_new] = positions
             key_pos = self.slot_pos[:p0 + n_new]
@@ -109,12 +149,18 @@ class KVCache:
                 "or recompute over the last window."
             )
         elif n_new == 1:
-            # Wrapped, one position: overwrite the oldest slot (the one leaving the window), then attend.
-            slot = positions % cap
-            self._pending = _PendingWrite("ring", 0, slot, 0)
-            self.slot_pos[slot] = positions
-            key_pos = self.slot_pos
-            mask = _window_mask(positions, key_pos, cap)
+            # Wrapped, one position: overwrite the slot leaving the window. Every slot then holds one of
+            # the positions p-cap+1..p (or, with a sink, the sink and p-cap+2..p): all visible.
+            slot = self._ring_slot(p0)
+            self._pending = _PendingWrite("ring", 0, torch.tensor([slot], device=device), 0)
+            self.slot_pos[slot] = p0
+            if self.sink:
+                self._place_sink(p0 - cap + 1)
+            mask = None
+        elif self.sink:
+            raise ValueError(f"a sink cache takes one position per step past its window ({n_new} were given at "
+                             f"position {p0}): each query sees the sink at its own distance "
+                             "(MultiCodebookLM.forward splits such steps itself)")
         else:
             # Wrapped, several positions: earlier new queries still need keys that later new positions
             # would overwrite, so attend over [cached slots, new keys] and write the last cap ones after.
@@ -126,6 +172,13 @@ class KVCache:
             self.slot_pos[slots] = positions[keep_from:]
         self.length = p0 + n_new
         return positions, mask
+
+    def _place_sink(self, position: int) -> None:
+        """Write position 0's keys, rotated to `position`, into slot 0 of every layer (one key per layer)."""
+        if self._sink_keys is None:  # first step past the window: slot 0 still holds them un-rotated
+            self._sink_keys = self.keys[:, :, :, :1].clone()
+        cos, sin = self.rope.cos_sin(torch.tensor([position], device=self.keys.device), torch.float32)
+        self.keys[:, :, :, :1] = apply_rotary(self._sink_keys.float(), cos, sin).to(self.keys.dtype)
 
     def update(self, layer: int, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
         """Store k_new, v_new [B, H_kv, S, Dh] of `layer` -> keys, values [B, H_kv, K, Dh] to attend over."""
@@ -157,7 +210,7 @@ class KVCache:
     def __repr__(self) -> str:
         n_l, b, h, l, d = self.keys.shape
         return (f"KVCache(layers={n_l}, batch={b}, kv_heads={h}, max_len={l}, head_dim={d}, "
-                f"ring={self.ring}, length={self.length})")
+                f"ring={self.ring}, sink={self.sink}, length={self.length})")
 
 
 def _window_mask(q_pos: Tensor, key_pos: Tensor, window: int) -> Tensor:

@@ -15,6 +15,7 @@ Shapes: B batch, S positions, d = d_model, H query heads, H_kv key/value heads, 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,9 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from lm.config import LMConfig
-from lm.kv_cache import KVCache
+
+if TYPE_CHECKING:  # lm.kv_cache imports the RoPE helpers below
+    from lm.kv_cache import KVCache
 
 
 # ---- normalisation ------------------------------------------------------------------------------

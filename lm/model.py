@@ -190,6 +190,8 @@ class MultiCodebookLM(nn.Module):
             if self.rope is None and cache.length + s > cfg.max_seq_len:
                 raise ValueError(f"position {cache.length + s - 1} is past the {cfg.pos} encoding's "
                                  f"max_seq_len={cfg.max_seq_len}")
+            if cache.sink and s > 1 and cache.length + s > cache.max_len:
+                return self._forward_past_sink_window(tokens, cache)
             positions, mask = cache.begin(s)
 
         h = self.embed(tokens)
@@ -202,12 +204,23 @@ class MultiCodebookLM(nn.Module):
         h = self.final_norm(h)
         return torch.einsum("bsd,cvd->bcsv", h, self.head_weights().to(h.dtype))
 
+    def _forward_past_sink_window(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """A multi-position cached step that reaches past a sink cache's window: each query there sees
+        the sink at its own distance, so the positions past the window go one at a time.
+        tokens [B, N_c, S] -> logits [B, N_c, S, |V|]."""
+        inside = max(cache.max_len - cache.length, 0)  # positions that still fit the linear phase
+        parts = [self(tokens[..., :inside], cache=cache)] if inside else []
+        parts += [self(tokens[..., i:i + 1], cache=cache) for i in range(inside, tokens.shape[-1])]
+        return torch.cat(parts, dim=2)
+
     def new_cache(self, batch_size: int, max_len: int | None = None, ring: bool = False,
-                  dtype: torch.dtype | None = None) -> KVCache:
+                  dtype: torch.dtype | None = None, sink: bool = False) -> KVCache:
         """A KV cache for up to max_len positions (default max_seq_len), allocated now on the model's device.
 
         ring=True keeps a sliding window of the last max_len positions and never fills up; it needs
         RoPE (see lm.kv_cache for why it is exact there and impossible with additive encodings).
+        sink=True (with ring=True) keeps position 0 (bos) in view for ever as an attention sink, shown
+        to each query at the distance max_len - 1 it has in a training window (see lm.kv_cache).
         """
         cfg = self.cfg
         max_len = cfg.max_seq_len if max_len is None else max_len
@@ -216,8 +229,9 @@ class MultiCodebookLM(nn.Module):
         if ring and self.rope is None:
             raise ValueError(f"a ring (sliding-window) KV cache needs RoPE; this model uses {cfg.pos} positions, "
                              "which are baked into the cached keys: recompute over the last window instead")
-        return KVCache(cfg.n_layers, batch_size, cfg.kv_heads, cfg.head_dim, max_len, ring=ring,
-                       device=self.device, dtype=dtype or self.token_embedding.weight.dtype)
+        return KVCache(cfg.n_layers, batch_size, cfg.kv_heads, cfg.head_dim, max_len, ring=ring, sink=sink,
+                       rope=self.rope if sink else None, device=self.device,
+                       dtype=dtype or self.token_embedding.weight.dtype)
 
     # ---- likelihood ------------------------------------------------------------------------------
     def _check_codes(self, codes: Tensor, frame_mask: Tensor | None) -> None:

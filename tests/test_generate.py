@@ -24,12 +24,13 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def tiny_lm(pos: str = "rope", pattern: str = "delay", max_seq_len: int = 16, seed: int = 0) -> MultiCodebookLM:
-    """A 2-layer model with large random weights, so its choices depend strongly on the context
+def tiny_lm(pos: str = "rope", pattern: str = "delay", max_seq_len: int = 16, seed: int = 0,
+            n_layers: int = 2) -> MultiCodebookLM:
+    """A 2-layer (default) model with large random weights, so its choices depend strongly on the context
     (at the N(0, 0.02) init every logit is ~0 and a broken cache could go unnoticed)."""
     torch.manual_seed(seed)
-    cfg = LMConfig(n_codebooks=N_C, codebook_size=V, d_model=32, n_layers=2, n_heads=4, max_seq_len=max_seq_len,
-                   pos=pos, pattern=pattern)
+    cfg = LMConfig(n_codebooks=N_C, codebook_size=V, d_model=32, n_layers=n_layers, n_heads=4,
+                   max_seq_len=max_seq_len, pos=pos, pattern=pattern)
     model = MultiCodebookLM(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -139,8 +140,8 @@ def test_fixed_seed_is_reproducible():
 
 # ---- KV cache against full recompute ----------------------------------------------------------
 
-def collect(model, plan, use_cache):
-    steps = list(iter_decode(model, plan, greedy, use_cache=use_cache))
+def collect(model, plan, use_cache, sink=True):
+    steps = list(iter_decode(model, plan, greedy, use_cache=use_cache, sink=sink))
     return torch.stack([s.logits for s in steps], dim=2), plan.seq.clone()  # [B, N_c, n_steps, V]
 
 
@@ -180,9 +181,23 @@ def test_each_cached_step_feeds_one_position_after_the_prefill():
 
 # ---- past the trained context -----------------------------------------------------------------
 
-def test_rope_ring_cache_runs_past_the_context_and_equals_sliding_window_recompute():
+def inputs_of(model, seq):
+    """The model inputs of a filled pattern sequence [B, N_c, S]: bos, then seq shifted right by one."""
+    return torch.cat([torch.full_like(seq[..., :1], model.cfg.bos_id), seq[..., :-1]], dim=-1)
+
+
+def fresh_window(inputs, s, w):
+    """What a training window ending at step s holds: bos + the last w - 1 inputs (positions 0..w-1)."""
+    return inputs[..., :s + 1] if s < w else torch.cat([inputs[..., :1], inputs[..., s + 2 - w:s + 1]], dim=-1)
+
+
+@pytest.mark.parametrize("pos", ["rope", "learned", "sinusoidal"])
+def test_past_the_context_each_step_sees_a_fresh_training_window_with_bos(pos):
+    """The default (sink=True), 1 layer: every step, inside the context and 3x past it, gives the logits of a plain
+    forward over [bos] + the last w - 1 inputs at positions 0..w-1 (what training shows): the RoPE sink cache
+    and the additive-position recompute both keep bos in view. Cached == recompute, same greedy tokens."""
     w = 10
-    model = tiny_lm("rope", max_seq_len=w)
+    model = tiny_lm(pos, max_seq_len=w, n_layers=1)
     p = prompt(2, 3)
     with torch.no_grad():
         plan_c = plan_generation(model, p, 30)  # 32 steps, 3x the context
@@ -191,33 +206,91 @@ def test_rope_ring_cache_runs_past_the_context_and_equals_sliding_window_recompu
         logits_r, seq_r = collect(model, plan_r, use_cache=False)
         assert torch.equal(seq_c, seq_r)
         assert torch.allclose(logits_c, logits_r, atol=LOGIT_ATOL, rtol=0)
-        # One windowed forward over everything gives the same logits: the ring cache IS a sliding window.
-        inputs = torch.cat([torch.full_like(seq_c[..., :1], model.cfg.bos_id), seq_c[..., :-1]], dim=-1)
-        full = model(inputs, window=w)[:, :, plan_c.first_step:]
-        assert torch.allclose(logits_c, full, atol=LOGIT_ATOL, rtol=0)
+        inputs = inputs_of(model, seq_c)
+        for s in range(plan_c.first_step, seq_c.shape[-1]):
+            expected = model(fresh_window(inputs, s, w))[:, :, -1]
+            assert torch.allclose(logits_c[:, :, s - plan_c.first_step], expected, atol=LOGIT_ATOL, rtol=0), s
     out = model.pattern.revert(seq_c)
     assert out.shape == (2, N_C, 33) and out.max() < V
     assert len(out[..., 3 + w:].unique()) > 3  # still generating varied codes far past the context
 
 
+def test_rope_sink_generation_with_several_layers_matches_inside_and_differs_from_the_plain_ring_past():
+    """2 layers: inside the context the sink cache is the plain causal pass; past it, keeping bos in view changes
+    the logits against the plain ring (bos dropped), whose tokens from the first step past the context on differ."""
+    w = 10
+    model = tiny_lm("rope", max_seq_len=w)
+    p = prompt(2, 3)
+    with torch.no_grad():
+        plan_s = plan_generation(model, p, 30)
+        logits_s, seq_s = collect(model, plan_s, use_cache=True)
+        plan_p = plan_generation(model, p, 30)
+        logits_p, seq_p = collect(model, plan_p, use_cache=True, sink=False)
+        inside = w - plan_s.first_step
+        full = model(inputs_of(model, seq_s)[..., :w])[:, :, plan_s.first_step:]
+        assert torch.allclose(logits_s[:, :, :inside], full, atol=LOGIT_ATOL, rtol=0)
+        assert torch.equal(seq_s[..., :w], seq_p[..., :w]) and torch.allclose(logits_s[:, :, :inside],
+                                                                              logits_p[:, :, :inside], atol=LOGIT_ATOL)
+        assert not torch.allclose(logits_s[:, :, inside], logits_p[:, :, inside], atol=1e-2)
+    assert torch.equal(generate(model, p, 30, greedy=True), model.pattern.revert(seq_s))  # sink is the default
+    assert torch.equal(generate(model, p, 30, greedy=True, sink=False), model.pattern.revert(seq_p))
+
+
+def test_rope_plain_ring_runs_past_the_context_and_equals_sliding_window_recompute():
+    """sink=False: the plain ring cache equals the sliding-window recompute and one windowed full forward."""
+    w = 10
+    model = tiny_lm("rope", max_seq_len=w)
+    p = prompt(2, 3)
+    with torch.no_grad():
+        plan_c = plan_generation(model, p, 30)  # 32 steps, 3x the context
+        logits_c, seq_c = collect(model, plan_c, use_cache=True, sink=False)
+        plan_r = plan_generation(model, p, 30)
+        logits_r, seq_r = collect(model, plan_r, use_cache=False, sink=False)
+        assert torch.equal(seq_c, seq_r)
+        assert torch.allclose(logits_c, logits_r, atol=LOGIT_ATOL, rtol=0)
+        # One windowed forward over everything gives the same logits: the plain ring cache IS a sliding window.
+        full = model(inputs_of(model, seq_c), window=w)[:, :, plan_c.first_step:]
+        assert torch.allclose(logits_c, full, atol=LOGIT_ATOL, rtol=0)
+    out = model.pattern.revert(seq_c)
+    assert out.shape == (2, N_C, 33) and out.max() < V
+    assert len(out[..., 3 + w:].unique()) > 3
+
+
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
-def test_additive_positions_slide_a_recomputed_window_past_the_context(pos):
+@pytest.mark.parametrize("sink", [True, False])
+def test_additive_positions_slide_a_recomputed_window_past_the_context(pos, sink):
     w = 10
     model = tiny_lm(pos, max_seq_len=w)
     p = prompt(2, 3)
     with torch.no_grad():
         plan = plan_generation(model, p, 25)
-        logits, seq = collect(model, plan, use_cache=True)
-        inputs = torch.cat([torch.full_like(seq[..., :1], model.cfg.bos_id), seq[..., :-1]], dim=-1)
-        # A step s past the context sees exactly the last w inputs, at positions 0..w-1.
+        logits, seq = collect(model, plan, use_cache=True, sink=sink)
+        inputs = inputs_of(model, seq)
+        # A step s past the context sees w inputs at positions 0..w-1: bos + the last w - 1 (sink), or the last w.
         for s in (w, w + 7, seq.shape[-1] - 1):
-            expected = model(inputs[..., s + 1 - w:s + 1])[:, :, -1]
+            window = fresh_window(inputs, s, w) if sink else inputs[..., s + 1 - w:s + 1]
+            expected = model(window)[:, :, -1]
             assert torch.allclose(logits[:, :, s - plan.first_step], expected, atol=LOGIT_ATOL, rtol=0)
         # Inside the context the cache is used and matches the plain forward.
         assert torch.allclose(logits[:, :, :w - plan.first_step], model(inputs[..., :w])[:, :, plan.first_step:],
                               atol=LOGIT_ATOL, rtol=0)
-    out = generate(model, p, 25, greedy=True, use_cache=False)
+    out = generate(model, p, 25, greedy=True, use_cache=False, sink=sink)
     assert torch.equal(out, model.pattern.revert(seq))
+
+
+def test_prefill_reaching_past_the_context_with_the_sink_cache():
+    """A parallel-pattern prompt can fill the whole context, so the prefill chunk crosses the window: the model
+    feeds the part past it one position at a time and the result still equals the fresh-window recompute."""
+    w = 8
+    model = tiny_lm("rope", pattern="parallel", max_seq_len=w, n_layers=1)
+    p = prompt(1, w)
+    with torch.no_grad():
+        plan_c = plan_generation(model, p, 6)
+        assert plan_c.first_step + 1 > w  # the prefill is longer than the window
+        logits_c, seq_c = collect(model, plan_c, use_cache=True)
+        logits_r, seq_r = collect(model, plan_generation(model, p, 6), use_cache=False)
+    assert torch.equal(seq_c, seq_r)
+    assert torch.allclose(logits_c, logits_r, atol=LOGIT_ATOL, rtol=0)
 
 
 # ---- bookkeeping and errors -------------------------------------------------------------------
