@@ -158,9 +158,9 @@ def repetition(stream: np.ndarray, start: int, n: int = 8) -> Repetition:
     share that occur somewhere earlier in the stream (starting at an earlier frame, in the prompt or
     the continuation, overlap allowed). 0 = never copies n frames in a row, 1 = every n-gram is a
     copy; NaN if the continuation is shorter than n frames.
-    longest: the longest span ending inside the continuation that also occurs earlier in the
-    stream (the "longest previous factor"), in frames: a model stuck in a loop of P frames scores
-    about the whole continuation, fresh speech a few frames.
+    longest: the longest span inside the continuation that also occurs starting at an earlier frame
+    (in the prompt or the continuation), in frames: a model stuck in a loop scores about the whole
+    continuation, fresh speech a few frames.
     """
     x = np.asarray(stream)
     if x.ndim != 1:
@@ -178,7 +178,7 @@ def repetition(stream: np.ndarray, start: int, n: int = 8) -> Repetition:
         if i < start:
             continue
         best = int(suffix.max()) if i else 0  # longest span ending at i that also ends earlier
-        longest = max(longest, best)
+        longest = max(longest, min(best, i - start + 1))  # the part inside the continuation
         if i - n + 1 >= start:
             counted += 1
             copied += best >= n

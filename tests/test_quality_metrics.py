@@ -1,5 +1,5 @@
 """The quality benchmarks' helpers: alignment, metrics, repetition and silence measures, the Opus and
-codec2 wrappers on real speech, and codec_quality.py end to end on a tiny random codec."""
+codec2 wrappers on real speech, the continuation NLL, and both benchmarks end to end on tiny random models."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import codec_quality as cq  # noqa: E402
+import continuation_quality as cont  # noqa: E402
 import quality_metrics as qm  # noqa: E402
 
 SR = 16000
@@ -228,3 +229,106 @@ def test_codec_quality_end_to_end_on_a_tiny_random_codec(tmp_path, capsys):
     assert rows[("ours", "N_c=2")]["kbps_measured"] >= rows[("ours", "N_c=2")]["kbps"]  # + the padded last frame
     assert all(r["files"] == 1 for r in result["rows"]) and len(result["files"]) == 1
     assert result["goal"]["met"] is not None
+
+
+# ---- continuation_quality.py ----------------------------------------------------------------------
+
+
+def _tiny_lm(pattern: str, max_seq_len: int = 64, fingerprint: str | None = None, n_c: int = 3, v: int = 16):
+    """Large random weights, so every token's NLL depends on its context (at the init scale all are ~log V)."""
+    from lm import LMConfig, MultiCodebookLM
+
+    torch.manual_seed(0)
+    model = MultiCodebookLM(LMConfig(n_codebooks=n_c, codebook_size=v, d_model=32, n_layers=2, n_heads=4,
+                                     max_seq_len=max_seq_len, pattern=pattern, codec_fingerprint=fingerprint))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def test_continuation_nll_with_the_delay_pattern_sums_to_log_likelihood():
+    model = _tiny_lm("delay")
+    codes = torch.randint(0, 16, (2, 3, 20), generator=torch.Generator().manual_seed(0))
+    total = model.log_likelihood(codes)
+    assert torch.allclose(cont.continuation_nll(model, codes, 0) * 3 * 20, total, rtol=1e-5)
+    later, earlier = cont.continuation_nll(model, codes, 12), cont.continuation_nll(model, codes, 4)
+    assert not torch.allclose(later, earlier)  # different frames scored
+    with pytest.raises(ValueError, match="start"):
+        cont.continuation_nll(model, codes, 20)
+
+
+def test_continuation_nll_scores_exactly_the_continuation_frames():
+    # With the parallel pattern frame t sees only frames < t, so the prompt's terms are those of the
+    # prompt alone: continuation NLL = (log_likelihood(all) - log_likelihood(prompt)) per token.
+    model = _tiny_lm("parallel")
+    codes = torch.randint(0, 16, (2, 3, 20), generator=torch.Generator().manual_seed(1))
+    expected = (model.log_likelihood(codes) - model.log_likelihood(codes[..., :7])) / (3 * 13)
+    assert torch.allclose(cont.continuation_nll(model, codes, 7), expected, rtol=1e-5)
+
+
+def test_continuation_nll_past_the_context_scores_the_last_window():
+    model = _tiny_lm("delay", max_seq_len=18)  # max_frames = 16
+    codes = torch.randint(0, 16, (1, 3, 30), generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(cont.continuation_nll(model, codes, 20), cont.continuation_nll(model, codes[..., 14:], 6))
+
+
+def _token_folder(root: Path, codec, lengths: dict[str, int]):
+    from codec.tokenize import codec_meta
+    from rvqlm.token_shards import write_token_corpus
+
+    g = np.random.default_rng(0)
+    arrays = {path: g.integers(0, codec.codebook_size, (n, codec.n_codebooks)).astype(np.uint16)
+              for path, n in lengths.items()}
+    write_token_corpus(root, arrays, codec_meta(codec))
+    return arrays
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """A tiny random codec (50 frames/s, 3 codebooks of 16), a token folder of it, and an LM on it."""
+    from codec import Codec, CodecConfig
+
+    root = tmp_path_factory.mktemp("cont")
+    torch.manual_seed(0)
+    codec = Codec(CodecConfig(encoder_channels=2, decoder_channels=4, latent_dim=8, n_codebooks=3,
+                              codebook_size=16, dilations=(1,))).eval()
+    codec.save_pretrained(root / "codec")
+    arrays = _token_folder(root / "tokens", codec, {"train/a/x.wav": 60, "test/b/long1.wav": 40,
+                                                     "test/b/short.wav": 5, "test/c/long2.wav": 12})
+    _tiny_lm("delay", fingerprint=codec.fingerprint()).save_pretrained(root / "lm")
+    _tiny_lm("delay", fingerprint="0" * 64).save_pretrained(root / "lm_other")
+    return root, codec, arrays
+
+
+def test_held_out_prompts_take_the_start_of_long_enough_files(tiny_pair):
+    root, _, arrays = tiny_pair
+    p = cont.held_out_prompts(str(root / "tokens"), "test", 8, 10, 20)
+    assert p.paths == ["test/b/long1.wav", "test/c/long2.wav"]  # short.wav has < 10 frames; train is not test
+    assert p.codes.shape == (2, 3, 10)
+    assert torch.equal(p.codes[0], torch.from_numpy(arrays["test/b/long1.wav"][:10].T.astype(np.int64)))
+    assert [r.shape[-1] for r in p.real] == [30, 12]  # prompt + 20 frames, or the whole file if shorter
+    with pytest.raises(ValueError, match="holds 100 frames"):
+        cont.held_out_prompts(str(root / "tokens"), "test", 8, 100, 20)
+
+
+def test_continuation_quality_end_to_end_on_a_tiny_lm(tiny_pair, capsys):
+    root, _, _ = tiny_pair
+    out = root / "c.json"
+    args = ["--lm", str(root / "lm"), "--codec", str(root / "codec"), "--tokens", str(root / "tokens"),
+            "--prompts", "2", "--prompt-seconds", "0.2", "--seconds", "0.3", "--ngram", "2", "--no-progress"]
+    assert cont.main(args + ["--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "held-out NLL" in printed and "unigram baseline" in printed and "T=0.9 top-p 0.95" in printed
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert set(rows) == {"greedy", "T=1.0", "T=0.8 top-k 250", "T=0.9 top-p 0.95", "held-out audio"}
+    for name, r in rows.items():
+        assert r["prompts"] == 2 and 0 <= r["silence"] <= 1 and 0 <= r["longest_rep_s"] <= 0.3 + 1e-9, name
+        assert 0 < r["nll"] < 20 and (math.isnan(r["rep_share"]) or 0 <= r["rep_share"] <= 1), name
+    # argmax tokens are the likeliest at every step: greedy continuations score lower than samples at T=1
+    assert rows["greedy"]["nll"] < rows["T=1.0"]["nll"]
+    assert result["held_out"]["files"] == 3 and result["prompts"] == ["test/b/long1.wav", "test/c/long2.wav"]
+    with pytest.raises(ValueError, match="codec mismatch"):
+        cont.main(args[:1] + [str(root / "lm_other")] + args[2:])
