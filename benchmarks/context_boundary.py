@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         row = {k: scores.bucket(scores.kl, mode, lo, hi) for k, (lo, hi) in buckets.items()}
         result["kl_from_recompute"][mode] = row
         print(f"{mode:24}" + "".join(f"{v:17.5f}" for v in row.values()))
-    print(f"\njump = first W/4 after - last W/4 before; {elapsed:.1f} s")
+    print(f"\njump = first W/4 after - last W/4 before. The recompute row is the reference: its jump is the data's "
+          f"own (what those positions hold); a cliff is a cached row jumping more. {elapsed:.1f} s")
     if args.json is not None:
         from rvqlm.atomic import atomic_write_text
 
