@@ -25,9 +25,10 @@ Alignment: every decoded file, ours included, goes through the same steps: the d
 maximises the cross-correlation with the reference over the first 4 s, within +-100 ms, is
 removed (`quality_metrics.estimate_lag`), and the result is cut or zero-padded to the
 reference's length (`quality_metrics.align`). The table's "lag ms" is the median L of each row:
-about 0 for ours (causal, trained aligned), a fixed few ms for Opus and codec2 (encoder
-look-ahead and resampling filters); a scattered lag means a codec whose waveform does not follow
-the input (parametric codec2, an untrained codec), where SI-SDR is meaningless anyway.
+~0.06 ms for Opus (ffmpeg drops its pre-skip; what remains is the 48 -> 16 kHz resampler),
+15-28 ms for codec2, and it should be ~0 for a trained codec of ours (causal, trained on aligned
+pairs). A scattered lag means a waveform that does not follow the input (the vocoder codec2, an
+untrained codec), where SI-SDR is meaningless anyway.
 
 Metrics (means over files; see quality_metrics.py): mel distance (lower is better), SI-SDR dB,
 STOI, wideband PESQ. The goal line compares our best configuration at <= 6 kbps (highest PESQ,
@@ -37,9 +38,7 @@ or lowest mel distance without PESQ) with Opus at 6 kbps, metric by metric.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import platform
 import shutil
 import subprocess
@@ -247,7 +246,11 @@ def goal_verdict(summaries: list[dict]) -> dict:
         return {"met": None, "line": "goal: not evaluated (needs our codec at <= 6 kbps and Opus at 6 kbps)"}
     key = "pesq" if not all(math.isnan(s["metrics"]["pesq"]) for s in ours) else "mel"
     sign = 1 if HIGHER_IS_BETTER[key] else -1
-    best = max(ours, key=lambda s: sign * (s["metrics"][key] if not math.isnan(s["metrics"][key]) else -sign * math.inf))
+    def goodness(s: dict) -> float:
+        value = s["metrics"][key]
+        return -math.inf if math.isnan(value) else sign * value
+
+    best = max(ours, key=goodness)
     wins, losses = [], []
     for m in METRICS:
         a, b = best["metrics"][m], opus[0]["metrics"][m]
@@ -264,7 +267,8 @@ def goal_verdict(summaries: list[dict]) -> dict:
 
 
 def format_table(summaries: list[dict], n_files: int) -> str:
-    head = f"{'system':<22} {'kbps':>6} {'meas.':>6} {'lag ms':>7} {'mel v':>7} {'SI-SDR ^':>9} {'STOI ^':>7} {'PESQ ^':>7}"
+    head = (f"{'system':<22} {'kbps':>6} {'meas.':>6} {'lag ms':>7} {'mel v':>7} {'SI-SDR ^':>9} {'STOI ^':>7} "
+            f"{'PESQ ^':>7}")
     lines = [head, "-" * len(head)]
     for s in summaries:
         m = s["metrics"]
@@ -278,7 +282,8 @@ def format_table(summaries: list[dict], n_files: int) -> str:
 def tool_versions() -> dict[str, str]:
     versions = {}
     try:
-        versions["ffmpeg"] = subprocess.run(["ffmpeg", "-version"], capture_output=True, text=True).stdout.split("\n")[0]
+        first_line = subprocess.run(["ffmpeg", "-version"], capture_output=True, text=True).stdout.split("\n")[0]
+        versions["ffmpeg"] = first_line
     except OSError:
         versions["ffmpeg"] = "missing"
     for pkg in ("pesq", "pystoi"):
@@ -292,11 +297,13 @@ def tool_versions() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--codec", required=True, help="a saved codec folder (Codec.save_pretrained)")
     p.add_argument("--corpus", default="data/fillets-cs-16k", help="the prepared corpus folder")
     p.add_argument("--split", default="test", choices=("train", "valid", "test"))
-    p.add_argument("--max-files", type=int, default=20, help="files scored (evenly spread); 20 take ~2-4 min on 2 cores")
+    p.add_argument("--max-files", type=int, default=20,
+                   help="files scored (evenly spread); 20 (~90 s of speech) took 3 min on the busy 2-core machine")
     p.add_argument("--min-seconds", type=float, default=1.0, help="skip files shorter than this")
     p.add_argument("--opus-kbps", type=float, nargs="*", help="Opus bitrates (default: 6 and each of ours >= 6)")
     p.add_argument("--codec2-modes", nargs="*", default=list(CODEC2_MODES), choices=list(CODEC2_MODES))

@@ -214,7 +214,8 @@ def format_table(results: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lm", required=True, help="a saved LM folder (MultiCodebookLM.save_pretrained)")
     p.add_argument("--codec", required=True, help="the codec folder whose tokens the LM models")
     p.add_argument("--tokens", required=True, help="a token folder of the corpus, made with that codec")
