@@ -23,7 +23,8 @@ model's continuations should look like.
 
 Columns (means over prompts):
 * NLL (nats/token): what the LM assigns to the continuation's tokens (all codebooks) given the
-  prompt, `model.log_likelihood`'s per-token terms on the continuation frames only. Its own
+  prompt, `model.log_likelihood`'s per-token terms on the continuation frames only (within the
+  last context-length window of frames when prompt + continuation is longer). Its own
   samples at temperature 1 should score about the held-out NLL; far lower means it settled into
   something very predictable (silence, loops).
 * rep share: `quality_metrics.repetition(...).share` on codebook 0 with n-grams of `--ngram` frames
