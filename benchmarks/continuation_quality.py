@@ -87,7 +87,7 @@ def continuation_nll(model, codes: torch.Tensor, start: int) -> torch.Tensor:
         raise ValueError(f"start must be in 0..{t - 1}, got {start}")
     if t > cfg.max_frames:
         codes, start = codes[..., t - cfg.max_frames:], max(start - (t - cfg.max_frames), 0)
-    nll, _ = model._token_nll(codes, None)  # [B, N_c, S]; lm.model has no public per-token form yet
+    nll, _ = model.token_nll(codes)  # [B, N_c, S]
     return model.pattern.revert(nll)[..., start:].mean(dim=(1, 2))  # [B, N_c, T] -> [B]
 
 

@@ -256,8 +256,10 @@ class MultiCodebookLM(nn.Module):
                 raise ValueError("frame_mask must mark padding at the end of each row only "
                                  "(True frames first, then False): the model reads left to right")
 
-    def _token_nll(self, codes: Tensor, frame_mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        """-> nll [B, N_c, S] (0 at invalid targets), valid [B, N_c, S] bool."""
+    def token_nll(self, codes: Tensor, frame_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Per-token NLL in pattern space: codes [B, N_c, T] -> nll [B, N_c, S] in nats (0 at targets
+        the pattern or padding marks invalid), valid [B, N_c, S] bool. `loss` and `log_likelihood`
+        reduce it; per-position analyses (benchmarks) read it directly."""
         self._check_codes(codes, frame_mask)
         seq, valid = self.pattern.build(codes.long(), frame_mask, fill_id=self.cfg.pad_id)
         inputs = torch.cat([torch.full_like(seq[..., :1], self.cfg.bos_id), seq[..., :-1]], dim=-1)
@@ -271,14 +273,14 @@ class MultiCodebookLM(nn.Module):
     def loss(self, codes: Tensor, frame_mask: Tensor | None = None) -> LMLoss:
         """codes [B, N_c, T] in 0..|V|-1, frame_mask [B, T] bool (False = padding, at row ends)
         -> LMLoss: mean next-token NLL over the valid targets of all codebooks (nats/token)."""
-        nll, valid = self._token_nll(codes, frame_mask)
+        nll, valid = self.token_nll(codes, frame_mask)
         nll_sum = nll.sum(dim=(0, 2))
         count = valid.sum(dim=(0, 2))
         return LMLoss(loss=nll_sum.sum() / count.sum().clamp(min=1), nll_sum=nll_sum, count=count)
 
     def log_likelihood(self, codes: Tensor, frame_mask: Tensor | None = None) -> Tensor:
         """[B] summed NLL in nats over the valid positions of each sequence (the pattern handled inside)."""
-        nll, _ = self._token_nll(codes, frame_mask)
+        nll, _ = self.token_nll(codes, frame_mask)
         return nll.sum(dim=(1, 2))
 
     # ---- checkpoints -----------------------------------------------------------------------------
