@@ -4,9 +4,9 @@
 # chromium + chromium-driver (the listening-report test opens the page in a real browser).
 set -euo pipefail
 need=()
-pkgs=(fillets-ng-data-cs alsa-utils ffmpeg chromium chromium-driver)
-# --bench: the reference codecs the quality benchmark compares against (Opus, codec2).
-[ "${1:-}" = "--bench" ] && pkgs+=(opus-tools codec2)
+pkgs=(fillets-ng-data-cs alsa-utils ffmpeg chromium chromium-driver codec2)
+# --bench: opusenc/opusdec too (the quality benchmark uses ffmpeg's libopus; opus-tools for checks).
+[ "${1:-}" = "--bench" ] && pkgs+=(opus-tools)
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
