@@ -15,14 +15,6 @@ TINY = CodecConfig(strides=(4, 4, 5, 4), encoder_channels=4, decoder_channels=4,
                    n_codebooks=4, codebook_size=32, kmeans_iters=2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def tiny_codec_dir(tmp_path_factory, speech_files):
     torch.manual_seed(0)

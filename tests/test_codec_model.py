@@ -12,14 +12,6 @@ from codec import Codec, CodecConfig
 from codec.model import CONFIG_NAME, WEIGHTS_NAME
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread; on a shared 2-core machine, two threads spin-wait."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 TINY = CodecConfig(strides=(2, 4, 5, 4), encoder_channels=4, decoder_channels=4, latent_dim=16, dilations=(1, 3),
                    n_codebooks=4, codebook_size=32, kmeans_iters=2)
 

@@ -17,14 +17,6 @@ from codec.training import CodecModule
 from rvqlm.cli import main
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread; on a shared 2-core machine, two threads spin-wait."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 REPO = Path(__file__).resolve().parents[1]
 TINY_RECIPE = REPO / "recipes" / "codec_tiny.yaml"
 TINY = CodecConfig(strides=(4, 4, 5, 4), encoder_channels=4, decoder_channels=4, latent_dim=16, dilations=(1, 3),

@@ -14,16 +14,6 @@ from lm.sampling import sample_next
 N_C, V = 3, 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run one small op per layer per step: with 2 intra-op threads on a shared 2-core
-    machine, OpenMP waits dominate (measured ~50x slower). One thread is faster and deterministic."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def tiny_lm(pos: str = "rope", pattern: str = "delay", max_seq_len: int = 16, seed: int = 0,
             n_layers: int = 2) -> MultiCodebookLM:
     """A 2-layer (default) model with large random weights, so its choices depend strongly on the context

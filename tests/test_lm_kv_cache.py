@@ -9,22 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 
 from lm import KVCache, LMConfig, MultiCodebookLM
 from lm.layers import apply_rotary
 
 ATOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matrices: one thread is as fast as several and immune to a busy machine's thread contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny(**overrides) -> LMConfig:

@@ -15,15 +15,6 @@ from lm.layers import (Attention, Block, FeedForward, LayerNorm, RMSNorm, Rotary
                        SwiGLU, apply_rotary)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matrices: one thread is as fast as several and immune to a busy machine's thread contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny(**overrides) -> LMConfig:
     base = dict(n_codebooks=3, codebook_size=16, d_model=32, n_layers=2, n_heads=4, max_seq_len=64)
     base.update(overrides)

@@ -19,29 +19,11 @@ import torch
 import torch.nn.functional as F
 
 from codec.quantizer import ResidualVectorQuantizer
-from lm import LMConfig, MultiCodebookLM
+from lm import MultiCodebookLM
+from seed_helpers import tiny, randomized
 from lm.generate import generate
 from lm.layers import Attention, FeedForward, LayerNorm, RMSNorm, RotaryEmbedding, SinusoidalPositions, SwiGLU, \
     apply_rotary, make_norm
-
-
-def tiny(**overrides) -> LMConfig:
-    base = dict(n_codebooks=1, codebook_size=7, d_model=8, n_layers=2, n_heads=2, max_seq_len=16,
-                pattern="parallel")
-    base.update(overrides)
-    return LMConfig(**base)
-
-
-def randomized(module: torch.nn.Module, std: float = 0.3, seed: int = 0) -> torch.nn.Module:
-    """float64, eval mode, frozen, every parameter redrawn from N(0, std^2) (norm gains around 1)."""
-    gen = torch.Generator().manual_seed(seed)
-    module = module.double().eval()
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=p.dtype) * std
-            gain = name.endswith("weight") and p.dim() == 1  # a norm's gamma / w: keep it around 1
-            p.copy_(1.0 + noise if gain else noise)
-    return module.requires_grad_(False)
 
 
 def seed_rvq(e: list[float], codebooks: list[list[list[float]]]) -> list[int]:

@@ -29,15 +29,6 @@ TINY = dict(strides=(4, 4, 5, 4), encoder_channels=2, decoder_channels=2, latent
             codebook_size=300)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models on a shared 2-core machine run fastest on one thread (no oversubscription)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _tiny_codec(causal=True, seed=0) -> Codec:
     torch.manual_seed(seed)
     return Codec(CodecConfig(causal=causal, **TINY)).eval()
