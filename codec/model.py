@@ -32,6 +32,7 @@ from torch.nn.utils import parametrize
 from codec.discriminator import save_discriminator
 from codec.modules import SEANetDecoder, SEANetEncoder
 from codec.quantizer import QuantizerOutput, ResidualVectorQuantizer
+from rvqlm.atomic import usual_permissions
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -313,6 +314,7 @@ class Codec(nn.Module):
             save_file(_cpu_state(self), str(tmp / WEIGHTS_NAME), metadata={"fingerprint": self.fingerprint()})
             if discriminator is not None:
                 save_discriminator(discriminator, tmp / DISCRIMINATOR_NAME)
+            usual_permissions(tmp)
             old = None
             if dest.exists():
                 old = dest.with_name(f".{dest.name}.old-{os.getpid()}")

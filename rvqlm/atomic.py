@@ -27,9 +27,10 @@ def atomic_path(dest: str | os.PathLike, suffix: str | None = None) -> Iterator[
                                dir=dest.parent)
     os.close(fd)
     tmp_path = Path(tmp)
-    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; a saved file gets the usual permissions
     try:
         yield tmp_path
+        # mkstemp makes 0600 and some writers recreate the file: give it the usual permissions.
+        os.chmod(tmp_path, 0o666 & ~_umask())
         _fsync_file(tmp_path)
         os.replace(tmp_path, dest)
         _fsync_dir(dest.parent)
@@ -50,6 +51,16 @@ def atomic_write_text(dest: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(dest: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(dest, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def usual_permissions(folder: str | os.PathLike) -> None:
+    """chmod a folder written under a temporary name (mkdtemp: 0700) and its files (often 0600) to
+    what a plain mkdir/open would have given under the current umask, before it is renamed into place."""
+    mask = _umask()
+    folder = Path(folder)
+    os.chmod(folder, 0o777 & ~mask)
+    for p in folder.rglob("*"):
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
 def _umask() -> int:

@@ -168,3 +168,16 @@ def test_config_validation():
         CodecConfig(sample_rate=16000, strides=(3, 7))
     with pytest.raises(ValueError, match="codebook_size"):
         CodecConfig(codebook_size=1)
+
+
+def test_saved_folder_gets_normal_permissions(codec, tmp_path):
+    """mkdtemp and safetensors make 0700/0600 entries; a saved model must be readable like any file."""
+    import os
+    import stat
+
+    out = codec.save_pretrained(tmp_path / "perm")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~mask
+    for f in out.iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~mask, f

@@ -458,3 +458,16 @@ def test_small_model_overfits_a_short_real_token_sequence(speech_files):
     end = model.eval().loss(codes).loss.item()
     assert start > 3.0
     assert end < 0.05, f"loss went from {start:.3f} to {end:.3f} only"
+
+
+def test_saved_lm_files_get_normal_permissions(tmp_path):
+    """safetensors writes 0600 files; a saved LM must be readable like any file."""
+    import os
+    import stat
+
+    model = MultiCodebookLM(LMConfig(n_codebooks=2, codebook_size=5, d_model=8, n_layers=1, n_heads=2, max_seq_len=8))
+    out = model.save_pretrained(tmp_path / "lm")
+    mask = os.umask(0)
+    os.umask(mask)
+    for f in out.iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~mask, f
