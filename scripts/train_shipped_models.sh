@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Retrains the two shipped models (models/codec-speech-16k, models/lm-speech-16k) with the recipes
+# their model cards name, on the built-in corpus, on this machine's CPU. Hours on 2 cores.
+#   CODEC_STEPS  codec steps (the shipped codec: see models/codec-speech-16k/MODEL_CARD.md)
+#   LM_STEPS     LM steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
+# Training is reproducible up to float non-determinism across thread counts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CODEC_STEPS=${CODEC_STEPS:?set CODEC_STEPS}
+LM_STEPS=${LM_STEPS:?set LM_STEPS}
+RVQLM=.venv/bin/rvqlm
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+$RVQLM corpus prepare
+$RVQLM train-codec --config recipes/codec_speech_cpu.yaml --trainer.max_steps "$CODEC_STEPS" --trainer.max_time null
+run=$(ls -d runs/codec_speech_cpu/version_* | sort -V | tail -1)
+$RVQLM export-codec "$run/checkpoints/last.ckpt" models/codec-speech-16k
+fp=$(.venv/bin/python -c "from codec import Codec; print(Codec.from_pretrained('models/codec-speech-16k').fingerprint()[:12])")
+tokens=data/tokens/fillets-cs-16k-$fp
+$RVQLM tokenize data/fillets-cs-16k "$tokens" --codec models/codec-speech-16k
+$RVQLM train-lm --config recipes/lm_speech.yaml --data.tokens_dir "$tokens" --trainer.max_steps "$LM_STEPS" \
+    --model.total_steps "$LM_STEPS"
+rm -rf models/lm-speech-16k && cp -r runs/lm_speech/pretrained models/lm-speech-16k
+$RVQLM eval-lm --lm models/lm-speech-16k --tokens "$tokens" --split valid --unigram
