@@ -169,7 +169,8 @@ def run_demo(s: DemoSettings = DemoSettings()) -> Path:
                   for c, (v, u) in enumerate(zip(held_out["nll_per_codebook"], held_out["unigram_nll_per_codebook"]))]}
     notes = (f"Built-in corpus: Czech voice acting (fillets-ng-data-cs, GPL-2+), prompts from the held-out test "
              f"split. Codec: {s.codec_dir.name}, {codec.n_codebooks} x {codec.codebook_size} codes at "
-             f"{codec.frame_rate:g} Hz. LM trained {s.lm_minutes:.1f} min on this machine's CPU. "
+             f"{codec.frame_rate:g} Hz. LM: {'the shipped ' + s.lm_init.name + ' fine-tuned' if init else 'trained from scratch'} "
+             f"for {s.lm_minutes:.1f} min on this machine's CPU. "
              f"Demo wall time {elapsed / 60:.1f} min.")
     sections = [
         ReportSection("Codec reconstructions", "Held-out lines through the codec at several bitrates.", recon_rows),
