@@ -66,7 +66,7 @@ CODEC2_WIDEBAND_OUTPUT = {"450PWB"}  # decodes to 16 kHz
 
 
 class ToolMissing(RuntimeError):
-    pass
+    """A reference codec's command-line tool (ffmpeg, c2enc, c2dec) is not installed."""
 
 
 # ---- reference codecs -----------------------------------------------------------------------------

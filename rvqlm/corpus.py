@@ -33,7 +33,7 @@ CORPUS_VERSION = 1
 
 
 class CorpusError(RuntimeError):
-    pass
+    """The built-in corpus is missing, empty, or a folder holds one prepared with other settings."""
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 
 import pytest
@@ -64,8 +65,7 @@ def test_prompt_frames_are_forced_not_sampled():
 def test_delay_pattern_codebook_k_at_step_s_is_frame_s_minus_k():
     model = tiny_lm()
     plan = plan_generation(model, prompt(1, 2), 5)
-    for _ in iter_decode(model, plan, greedy):
-        pass
+    collections.deque(iter_decode(model, plan, greedy), maxlen=0)  # run every step; the plan holds the result
     seq, codes = plan.seq[0], model.pattern.revert(plan.seq)[0]  # [N_c, S], [N_c, T]
     t = codes.shape[-1]
     for k in range(N_C):
