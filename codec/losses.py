@@ -37,14 +37,19 @@ class MultiScaleMelLoss(nn.Module):
     """Mean over scales of L1(log10(mel(x_hat) + eps), log10(mel(x) + eps)).
 
     x_hat, x: [B, C, S] -> scalar (reduction="mean") or [B] (reduction="none").
-    Scale i uses n_fft = n_ffts[i], hop n_fft // 4, a Hann window, and up to `max_mels` bands.
+    Scale i uses n_fft = n_ffts[i], hop n_fft // 4, a Hann window, and up to `max_mels` bands (one
+    number for every scale, or one per scale: more bands at the larger FFT sizes resolve pitch
+    harmonics, as DAC's 5..320 bands do).
     """
 
-    def __init__(self, sample_rate: int, n_ffts: Sequence[int] = (256, 512, 1024, 2048), max_mels: int = 80,
-                 eps: float = 1e-5):
+    def __init__(self, sample_rate: int, n_ffts: Sequence[int] = (256, 512, 1024, 2048),
+                 max_mels: int | Sequence[int] = 80, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
-        self.n_mels = [fit_n_mels(sample_rate, n, max_mels) for n in n_ffts]
+        per_scale = [max_mels] * len(n_ffts) if isinstance(max_mels, int) else list(max_mels)
+        if len(per_scale) != len(n_ffts):
+            raise ValueError(f"max_mels has {len(per_scale)} entries for {len(n_ffts)} FFT sizes")
+        self.n_mels = [fit_n_mels(sample_rate, n, m) for n, m in zip(n_ffts, per_scale)]
         self.mels = nn.ModuleList(
             torchaudio.transforms.MelSpectrogram(sample_rate, n_fft=n, hop_length=n // 4, n_mels=m, power=1.0,
                                                  center=True, pad_mode="reflect", mel_scale="htk")

@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from codec.discriminator import save_discriminator
+from codec.istft_decoder import ISTFTDecoder
 from codec.modules import SEANetDecoder, SEANetEncoder
 from codec.quantizer import QuantizerOutput, ResidualVectorQuantizer
 from rvqlm.atomic import usual_permissions
@@ -39,6 +40,8 @@ WEIGHTS_NAME = "model.safetensors"
 DISCRIMINATOR_NAME = "discriminator.safetensors"
 FORMAT_NAME = "rvqlm-codec"
 FORMAT_VERSION = 1
+DECODERS = ("seanet", "istft")
+ISTFT_ONLY_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop")
 
 
 @dataclass(frozen=True)
@@ -80,13 +83,18 @@ class CodecConfig:
     dead_code_threshold: float = 0.02
     quantizer_dropout: float = 0.5
     commitment_weight: float = 1.0
+    decoder: str = "seanet"
+    decoder_dim: int = 384
+    decoder_layers: int = 8
+    istft_hop: int = 80
 
     def __post_init__(self) -> None:
         # Accept lists (JSON, YAML) for the tuple fields, and keep the dataclass hashable.
         object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
         object.__setattr__(self, "dilations", tuple(int(d) for d in self.dilations))
         positive = ("sample_rate", "channels", "encoder_channels", "decoder_channels", "latent_dim", "kernel_size",
-                    "residual_kernel_size", "last_kernel_size", "compress", "n_codebooks", "codebook_size")
+                    "residual_kernel_size", "last_kernel_size", "compress", "n_codebooks", "codebook_size",
+                    "decoder_dim", "decoder_layers", "istft_hop")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -97,6 +105,10 @@ class CodecConfig:
             raise ValueError(f"CodecConfig.dilations must be positive integers, got {self.dilations}")
         if self.codebook_size < 2:
             raise ValueError(f"CodecConfig.codebook_size must be >= 2, got {self.codebook_size}")
+        if self.decoder not in DECODERS:
+            raise ValueError(f"CodecConfig.decoder must be one of {DECODERS}, got {self.decoder!r}")
+        if self.decoder == "istft" and self.hop_length % self.istft_hop:
+            raise ValueError(f"CodecConfig.istft_hop {self.istft_hop} must divide hop_length {self.hop_length}")
         if self.sample_rate % self.hop_length:
             raise ValueError(f"sample_rate {self.sample_rate} is not a multiple of hop_length {self.hop_length}; "
                              "frame_rate would not be an integer")
@@ -165,7 +177,11 @@ class Codec(nn.Module):
             kmeans_init=config.kmeans_init, kmeans_iters=config.kmeans_iters,
             dead_code_threshold=config.dead_code_threshold, quantizer_dropout=config.quantizer_dropout,
             commitment_weight=config.commitment_weight)
-        self.decoder = SEANetDecoder(base_channels=config.decoder_channels, **common)
+        if config.decoder == "istft":
+            self.decoder = ISTFTDecoder(config.channels, config.latent_dim, config.hop_length, config.istft_hop,
+                                        dim=config.decoder_dim, n_layers=config.decoder_layers, causal=config.causal)
+        else:
+            self.decoder = SEANetDecoder(base_channels=config.decoder_channels, **common)
 
     # ------------------------------------------------------------------ properties
 
@@ -285,7 +301,13 @@ class Codec(nn.Module):
     def fingerprint(self) -> str:
         """sha256 hex of the config JSON and every tensor of the state_dict (name, dtype, shape, bytes)."""
         h = hashlib.sha256()
-        h.update(json.dumps(self.config.to_dict(), sort_keys=True).encode())
+        settings = self.config.to_dict()
+        if settings["decoder"] == "seanet":
+            # Codecs saved before the iSTFT decoder existed keep their fingerprints (tokens, LMs and
+            # .rvq files record it): the iSTFT settings do not exist for a SEANet decoder.
+            for key in ISTFT_ONLY_SETTINGS:
+                settings.pop(key)
+        h.update(json.dumps(settings, sort_keys=True).encode())
         for name, tensor in sorted(self.state_dict().items()):
             t = tensor.detach().to("cpu").contiguous()
             h.update(f"\n{name}:{t.dtype}:{tuple(t.shape)}\n".encode())

@@ -46,6 +46,7 @@ class CodecModule(L.LightningModule):
     def __init__(self, codec: CodecConfig = CodecConfig(), lr: float = 3e-4, betas: Sequence[float] = (0.8, 0.99),
                  weight_decay: float = 0.0, lr_gamma: float = 1.0, grad_clip: Optional[float] = 1000.0,
                  mel_weight: float = 15.0, l1_weight: float = 1.0, mel_n_ffts: Sequence[int] = (256, 512, 1024, 2048),
+                 mel_max_mels: int | Sequence[int] = 80,
                  adversarial: bool = False, adversarial_start_step: int = 0, adv_weight: float = 1.0,
                  feat_weight: float = 2.0, disc_lr: float = 3e-4, disc_n_ffts: Sequence[int] = (1024, 512, 256),
                  disc_filters: int = 32, audio_examples: int = 2):
@@ -56,9 +57,10 @@ class CodecModule(L.LightningModule):
         self.hparams["codec"] = config.to_dict()
         self.hparams["betas"] = list(betas)
         self.hparams["mel_n_ffts"], self.hparams["disc_n_ffts"] = list(mel_n_ffts), list(disc_n_ffts)
+        self.hparams["mel_max_mels"] = mel_max_mels if isinstance(mel_max_mels, int) else list(mel_max_mels)
         self.automatic_optimization = False
         self.codec = Codec(config)
-        self.mel_loss = MultiScaleMelLoss(config.sample_rate, mel_n_ffts)
+        self.mel_loss = MultiScaleMelLoss(config.sample_rate, mel_n_ffts, mel_max_mels)
         self.discriminator = (MultiScaleSTFTDiscriminator(disc_n_ffts, config.channels, disc_filters)
                               if adversarial else None)
         self._last_step_end: float | None = None

@@ -29,6 +29,30 @@ def test_n_mels_are_fitted_so_no_filter_is_empty():
     assert fit_n_mels(16000, 256, 80) == loss.n_mels[0]
 
 
+def test_mel_bands_per_scale():
+    loss = MultiScaleMelLoss(16000, (256, 512, 1024, 2048), max_mels=(40, 80, 160, 320))
+    assert loss.n_mels == [40, 80, 160, 320]
+    assert [m.n_fft for m in loss.mels] == [256, 512, 1024, 2048]
+    with pytest.raises(ValueError, match="max_mels has 2 entries for 4 FFT sizes"):
+        MultiScaleMelLoss(16000, (256, 512, 1024, 2048), max_mels=(40, 80))
+
+
+def test_istft_decoder_codec_learns_real_speech(corpus_dir):
+    """The frame-rate ConvNeXt + iSTFT decoder trains end to end with the per-scale mel bands."""
+    torch.manual_seed(0)
+    config = CodecConfig(**{**TINY.to_dict(), "decoder": "istft", "decoder_dim": 32, "decoder_layers": 2})
+    module = CodecModule(config, lr=3e-3, mel_n_ffts=(256, 1024), mel_max_mels=(40, 160))
+    data = CodecDataModule(corpus_dir=str(corpus_dir), crop_seconds=0.4, valid_crop_seconds=1.0, batch_size=4,
+                           max_train_files=16, max_valid_files=4, valid_batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", max_steps=20, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=1)
+    before = trainer.validate(module, datamodule=data, verbose=False)[0]
+    trainer.fit(module, datamodule=data)
+    after = trainer.validate(module, datamodule=data, verbose=False)[0]
+    assert after["val/mel_distance"] < 0.8 * before["val/mel_distance"]
+
+
 def test_si_sdr_values():
     ref = torch.randn(2, 1, 4000)
     assert torch.all(si_sdr(3 * ref, ref) > 60)  # scale-invariant
@@ -107,6 +131,14 @@ def test_adversarial_training_exports_the_discriminator(tmp_path, corpus_dir):
     logits, features = disc(torch.randn(1, 1, 4000))
     assert len(logits) == 2 and len(features[0]) == 5
     Codec.from_pretrained(run / "pretrained")  # the discriminator file does not disturb loading
+
+
+def test_train_codec_command_with_the_istft_decoder_and_mel_bands(tmp_path, corpus_dir):
+    assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "2", "--model.codec.decoder", "istft",
+                "--model.codec.decoder_dim", "16", "--model.codec.decoder_layers", "1",
+                "--model.mel_max_mels", "[40, 160]", "--model.mel_n_ffts", "[256, 1024]") == 0
+    codec = Codec.from_pretrained(tmp_path / "codec_tiny" / "version_0" / "pretrained")
+    assert codec.config.decoder == "istft" and codec.decode(torch.zeros(1, 4, 3, dtype=torch.long)).shape == (1, 1, 960)
 
 
 def test_train_codec_reports_bad_recipe_values(tmp_path, corpus_dir, capsys):

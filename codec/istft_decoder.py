@@ -1,0 +1,103 @@
+"""A frame-rate decoder that predicts a spectrogram and inverts it: ConvNeXt blocks + inverse STFT.
+
+The SEANet decoder (codec/modules.py) synthesises the waveform with transposed convolutions that
+run at up to the full sample rate; on a CPU its small convolutions at 16 kHz cost most of a
+training step, and it learns harmonic structure slowly. This decoder follows Vocos (Siuzdak 2023)
+and WavTokenizer: every layer runs at the codec's frame rate (50 Hz by default) as a stack of
+ConvNeXt blocks; a linear head predicts, per frame, `r = hop_length / istft_hop` short-time
+spectra (log-magnitude and phase per bin, `n_fft = 4 * istft_hop`), and `torch.istft` overlap-adds
+them into the waveform. Pitch harmonics are then a matter of putting energy in the right bins,
+which a frame-rate network learns quickly, and the heavy work is a few large matrix products per
+frame instead of thousands of tiny convolutions per second of audio.
+
+    z [B, latent_dim, T] -> ConvNeXt x n_layers at T -> head [B, C * r * 2 * (n_fft/2+1), T]
+      -> spectra [B*C, n_fft/2+1, T * r] -> istft(hop=istft_hop, center) -> wav [B, C, T * hop_length]
+
+Causality: with `causal=True` the depthwise convolutions see only past frames. The inverse STFT
+itself adds a look-ahead of at most `n_fft / 2` samples (a centred window of the next short frame
+overlaps the end of the current one): 10 ms with the defaults. The encoder, which decides the
+tokens, is unaffected.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+from torch.nn import functional as F
+
+
+class ConvNeXtBlock(nn.Module):
+    """x + gamma * Linear(GELU(Linear(LayerNorm(DepthwiseConv(x))))). [B, D, T] -> [B, D, T].
+
+    The depthwise convolution (kernel 7) pads on the left only when causal. gamma is a learned
+    per-channel layer scale, started small so that the stack begins close to the identity.
+    """
+
+    def __init__(self, dim: int, hidden: int, *, kernel_size: int = 7, causal: bool = False,
+                 layer_scale: float = 1e-1):
+        super().__init__()
+        self.pad = (kernel_size - 1, 0) if causal else ((kernel_size - 1) // 2, kernel_size // 2)
+        self.dwconv = nn.Conv1d(dim, dim, kernel_size, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), layer_scale))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dwconv(F.pad(x, self.pad))
+        h = rearrange(h, "b d t -> b t d")
+        h = self.gamma * self.down(F.gelu(self.up(self.norm(h))))
+        return x + rearrange(h, "b t d -> b d t")
+
+
+class ISTFTDecoder(nn.Module):
+    """Latent frames -> waveform through a predicted spectrogram. z [B, latent_dim, T] -> [B, channels, T * hop].
+
+    dim / n_layers / hidden: the ConvNeXt stack's width, depth and MLP width. istft_hop must
+    divide hop_length; each latent frame predicts hop_length / istft_hop spectra of
+    n_fft = 4 * istft_hop points (Hann window, 75 % overlap). Magnitudes are exp(log-magnitude)
+    clipped at 100 (as in Vocos), phases are free angles.
+    """
+
+    MAX_MAGNITUDE = 100.0
+
+    def __init__(self, channels: int = 1, latent_dim: int = 64, hop_length: int = 320, istft_hop: int = 80, *,
+                 dim: int = 384, n_layers: int = 8, hidden: int | None = None, kernel_size: int = 7,
+                 causal: bool = False):
+        super().__init__()
+        if hop_length % istft_hop:
+            raise ValueError(f"istft_hop {istft_hop} must divide the codec's hop_length {hop_length}")
+        self.channels, self.hop_length, self.istft_hop = channels, hop_length, istft_hop
+        self.per_frame = hop_length // istft_hop
+        self.n_fft = 4 * istft_hop
+        self.n_bins = self.n_fft // 2 + 1
+        self.causal = causal
+        self.embed = nn.Conv1d(latent_dim, dim, kernel_size)
+        self.embed_pad = (kernel_size - 1, 0) if causal else ((kernel_size - 1) // 2, kernel_size // 2)
+        self.norm_in = nn.LayerNorm(dim)
+        self.blocks = nn.ModuleList(
+            ConvNeXtBlock(dim, hidden or 3 * dim, kernel_size=kernel_size, causal=causal, layer_scale=1.0 / n_layers)
+            for _ in range(n_layers))
+        self.norm_out = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, channels * self.per_frame * 2 * self.n_bins)
+        self.register_buffer("window", torch.hann_window(self.n_fft), persistent=False)
+
+    def spectrum(self, z: torch.Tensor) -> torch.Tensor:
+        """z [B, latent_dim, T] -> complex spectra [B * channels, n_fft/2 + 1, T * hop/istft_hop]."""
+        x = self.embed(F.pad(z, self.embed_pad))
+        x = rearrange(self.norm_in(rearrange(x, "b d t -> b t d")), "b t d -> b d t")
+        for block in self.blocks:
+            x = block(x)
+        out = self.head(self.norm_out(rearrange(x, "b d t -> b t d")))  # [B, T, C * r * 2 * bins]
+        out = rearrange(out, "b t (c r two f) -> two (b c) f (t r)", c=self.channels, r=self.per_frame, two=2)
+        magnitude = torch.exp(out[0]).clamp(max=self.MAX_MAGNITUDE)
+        phase = out[1]
+        return torch.polar(magnitude, phase)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        b, t = z.shape[0], z.shape[-1]
+        spec = self.spectrum(z)
+        wav = torch.istft(spec, self.n_fft, hop_length=self.istft_hop, win_length=self.n_fft, window=self.window,
+                          center=True, length=t * self.hop_length)
+        return rearrange(wav, "(b c) s -> b c s", b=b, c=self.channels)
