@@ -12,8 +12,8 @@ RVQLM=.venv/bin/rvqlm
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 $RVQLM corpus prepare
-$RVQLM train-codec --config recipes/codec_speech_cpu.yaml --trainer.max_steps "$CODEC_STEPS" --trainer.max_time null
-run=$(ls -d runs/codec_speech_cpu/version_* | sort -V | tail -1)
+$RVQLM train-codec --config recipes/codec_speech_istft.yaml --trainer.max_steps "$CODEC_STEPS" --trainer.max_time null
+run=$(ls -d runs/codec_speech_istft/version_* | sort -V | tail -1)
 $RVQLM export-codec "$run/checkpoints/last.ckpt" models/codec-speech-16k
 fp=$(.venv/bin/python -c "from codec import Codec; print(Codec.from_pretrained('models/codec-speech-16k').fingerprint()[:12])")
 tokens=data/tokens/fillets-cs-16k-$fp
