@@ -26,7 +26,7 @@ maximises the cross-correlation with the reference over the first 4 s, within +-
 removed (`quality_metrics.estimate_lag`), and the result is cut or zero-padded to the
 reference's length (`quality_metrics.align`). The table's "lag ms" is the median L of each row:
 ~0.06 ms for Opus (ffmpeg drops its pre-skip; what remains is the 48 -> 16 kHz resampler),
-15-28 ms for codec2, and it should be ~0 for a trained codec of ours (causal, trained on aligned
+15-28 ms for codec2, and it should be ~0 for a trained codec of ours (trained on aligned
 pairs). A scattered lag means a waveform that does not follow the input (the vocoder codec2, an
 untrained codec), where SI-SDR is meaningless anyway.
 

@@ -32,7 +32,7 @@ Columns (means over prompts):
   (prompt included). 0 for fresh material, 1 for a pure loop.
 * longest rep (s): the longest span of the continuation (codebook 0) that copies an earlier span.
 * silence: share of 20 ms frames of the decoded continuation below `--silence-dbfs` (-40 dBFS).
-  The continuation is decoded together with its prompt (the codec's decoder is causal and sees
+  The continuation is decoded together with its prompt (so the decoder sees
   the prompt's frames) and cut at the prompt's end.
 """
 

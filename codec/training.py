@@ -16,6 +16,7 @@ last weights) with `Codec.save_pretrained` to `<run dir>/pretrained/`, discrimin
 from __future__ import annotations
 
 import inspect
+import math
 import time
 import warnings
 from pathlib import Path
@@ -34,17 +35,33 @@ from codec.losses import MultiScaleMelLoss, mel_distance, si_sdr, waveform_l1
 from codec.model import Codec, CodecConfig
 
 
+class StepScheduleLR(torch.optim.lr_scheduler.LambdaLR):
+    """LambdaLR whose factor is a method of the module (rebuilt from the run's settings, never
+    pickled), and that also resumes checkpoints written while the schedule was an ExponentialLR."""
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state = {k: v for k, v in state_dict.items() if k not in ("lr_lambdas", "gamma")}
+        self.__dict__.update(state)
+
+
 class CodecModule(L.LightningModule):
     """The codec plus its losses (and optional discriminator), trained on batches wav [B, C, S].
 
     codec: the architecture (a CodecConfig; a dict of its fields is accepted too, as stored in
     checkpoints). Loss weights: mel_weight * multi-scale log-mel L1 + l1_weight * waveform L1 +
     commitment (weighted by codec.commitment_weight) [+ adv_weight * hinge + feat_weight *
-    feature matching]. lr_gamma: per-step exponential learning-rate decay.
+    feature matching]. Learning rate at step s: lr * lr_gamma**s * cooldown(s), where cooldown is 1
+    until `lr_decay_start` (None: never) and then falls along a half cosine to `lr_min_ratio` over
+    `lr_decay_steps` steps (and stays there). The schedule is a pure function of the step and these
+    settings, so a run resumed with new decay settings follows them from its current step.
     """
 
     def __init__(self, codec: CodecConfig = CodecConfig(), lr: float = 3e-4, betas: Sequence[float] = (0.8, 0.99),
-                 weight_decay: float = 0.0, lr_gamma: float = 1.0, grad_clip: Optional[float] = 1000.0,
+                 weight_decay: float = 0.0, lr_gamma: float = 1.0, lr_decay_start: Optional[int] = None,
+                 lr_decay_steps: int = 1, lr_min_ratio: float = 0.1, grad_clip: Optional[float] = 1000.0,
                  mel_weight: float = 15.0, l1_weight: float = 1.0, mel_n_ffts: Sequence[int] = (256, 512, 1024, 2048),
                  mel_max_mels: int | Sequence[int] = 80,
                  adversarial: bool = False, adversarial_start_step: int = 0, adv_weight: float = 1.0,
@@ -71,12 +88,21 @@ class CodecModule(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         opt_g = torch.optim.AdamW(self.codec.parameters(), lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
-        sched_g = torch.optim.lr_scheduler.ExponentialLR(opt_g, gamma=hp.lr_gamma)
+        sched_g = StepScheduleLR(opt_g, self.lr_factor)
         if self.discriminator is None:
             return [opt_g], [sched_g]
         opt_d = torch.optim.AdamW(self.discriminator.parameters(), lr=hp.disc_lr, betas=tuple(hp.betas))
-        sched_d = torch.optim.lr_scheduler.ExponentialLR(opt_d, gamma=hp.lr_gamma)
+        sched_d = StepScheduleLR(opt_d, self.lr_factor)
         return [opt_g, opt_d], [sched_g, sched_d]
+
+    def lr_factor(self, step: int) -> float:
+        """The learning-rate multiplier at optimizer step `step` (see the class docstring)."""
+        hp = self.hparams
+        factor = hp.lr_gamma ** step
+        if hp.lr_decay_start is not None and step > hp.lr_decay_start:
+            progress = min((step - hp.lr_decay_start) / max(hp.lr_decay_steps, 1), 1.0)
+            factor *= hp.lr_min_ratio + (1 - hp.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return factor
 
     def _adversarial_now(self) -> bool:
         return self.discriminator is not None and self.global_step >= self.hparams.adversarial_start_step

@@ -144,3 +144,38 @@ def test_train_codec_command_with_the_istft_decoder_and_mel_bands(tmp_path, corp
 def test_train_codec_reports_bad_recipe_values(tmp_path, corpus_dir, capsys):
     with pytest.raises(SystemExit):
         _run(tmp_path, corpus_dir, "--model.codec.n_codebooks", "zero")
+
+
+def test_learning_rate_cooldown_schedule_and_resume_with_new_settings(tmp_path, corpus_dir):
+    module = CodecModule(TINY, lr=1e-3, lr_decay_start=10, lr_decay_steps=20, lr_min_ratio=0.1)
+    f = module.lr_factor
+    assert f(0) == f(10) == 1.0
+    assert abs(f(20) - 0.55) < 1e-9  # half way down the half cosine from 1 to 0.1
+    assert abs(f(30) - 0.1) < 1e-9 and abs(f(1000) - 0.1) < 1e-9
+    assert CodecModule(TINY, lr_gamma=0.5).lr_factor(3) == 0.125
+    # A run resumed with a cooldown follows it from its current step.
+    assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "2") == 0
+    last = tmp_path / "codec_tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "4", "--ckpt_path", str(last),
+                "--model.lr_decay_start", "2", "--model.lr_decay_steps", "2", "--model.lr_min_ratio", "0.1") == 0
+    rows = list(csv.DictReader(open(tmp_path / "codec_tiny" / "version_1" / "metrics.csv")))
+    lrs = {int(r["step"]): float(r["train/lr"]) for r in rows if r.get("train/lr")}
+    base = float(next(r["train/lr"] for r in csv.DictReader(open(tmp_path / "codec_tiny" / "version_0" / "metrics.csv"))
+                      if r.get("train/lr")))
+    assert lrs, rows
+    assert all(lr <= base + 1e-12 for lr in lrs.values()) and min(lrs.values()) < base
+
+
+def test_schedules_of_checkpoints_written_with_an_exponential_lr_still_load():
+    from codec.training import StepScheduleLR
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    old = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=1.0)
+    for _ in range(5):
+        opt.step()
+        old.step()
+    module = CodecModule(TINY, lr=1e-3, lr_decay_start=0, lr_decay_steps=10)
+    new = StepScheduleLR(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3), module.lr_factor)
+    new.load_state_dict(old.state_dict())
+    assert new.last_epoch == 5 and "gamma" not in new.__dict__
+    assert set(new.state_dict()) >= {"last_epoch", "base_lrs"}
