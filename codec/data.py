@@ -1,8 +1,9 @@
 """Audio crops for codec training: a dataset of random crops, one of fixed crops, and the DataModule.
 
-Training crops: item i takes file `i % n_files` and a random offset in it (so every file is seen
-once per pass of `len(files)` items, whatever its length); validation crops: the middle of each
-chosen file, the same every time. Audio is read with `codec.audio.load_audio` (any format
+Training crops: a stream of batches in which crop i of the run is a pure function of (seed, i)
+(every file seen once per pass, in a seeded order, at a seeded random offset), so an interrupted
+run resumes on exactly the batches it would have read (the position is saved in checkpoints);
+validation crops: the middle of each chosen file, the same every time. Audio is read with `codec.audio.load_audio` (any format
 libsndfile reads, resampled and down/up-mixed to the codec's layout); a file shorter than the crop
 is zero-padded at the end.
 """
@@ -12,9 +13,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from typing import Iterator
+
 import lightning as L
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from codec.audio import AUDIO_SUFFIXES, audio_info, load_audio
 
@@ -56,26 +60,94 @@ class _CropDataset(Dataset):
 
 
 class RandomCropDataset(_CropDataset):
-    """`items` random crops [C, crop] per pass; item i reads file i % len(files) at a random offset.
+    """`items` random crops [C, crop] per pass; crop i of the run is a pure function of (seed, i).
 
-    Offsets come from torch's global RNG (seeded per worker by Lightning's `seed_everything`).
+    Pass e (items e * items ... (e + 1) * items - 1) visits the files in the order of a permutation
+    drawn by ``np.random.default_rng([seed, e])`` (item j of the pass reads file perm[j] % n_files,
+    so every file is seen once per pass of `len(files)` items, whatever its length); the crop's
+    offset is drawn by ``np.random.default_rng([seed, i, 1])``. `dataset[i]` is that crop for any
+    i >= 0: a run's data does not depend on worker count, and a resumed run reads exactly what
+    the uninterrupted one would have.
     """
 
     def __init__(self, files, sample_rate: int, channels: int = 1, crop_seconds: float = 1.0,
-                 items: int | None = None):
+                 items: int | None = None, seed: int = 0):
         super().__init__(files, sample_rate, channels, crop_seconds)
         self.items = items or len(self.files)
         if self.items < 1:
             raise ValueError(f"items must be >= 1, got {self.items}")
+        self.seed = seed
+        self._perm: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return self.items
 
-    def __getitem__(self, i: int) -> torch.Tensor:
-        f = i % len(self.files)
+    def file_and_offset(self, i: int) -> tuple[int, float]:
+        """(file index, offset in seconds) of crop i of the run."""
+        epoch, j = divmod(i, self.items)
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.items))
+        f = int(self._perm[1][j]) % len(self.files)
         slack = max(self.durations[f] - self.crop_seconds, 0.0)
-        offset = float(torch.rand(())) * slack
-        return self._load(f, offset)
+        return f, float(np.random.default_rng([self.seed, i, 1]).random()) * slack
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i < 0:
+            raise IndexError(f"crop index {i} < 0")
+        return self._load(*self.file_and_offset(i))
+
+
+class CropBatchStream(IterableDataset):
+    """Training batches [B, C, crop] from `position.consumed_batches` on, to the end of the epoch.
+
+    Rank r's batch b holds crops ``(b * world_size + r) * batch_size + j`` of the RandomCropDataset
+    (DDP ranks read disjoint crops); an epoch is `batches_per_epoch` batches. DataLoader workers
+    take batches round-robin.
+    """
+
+    def __init__(self, crops: RandomCropDataset, batch_size: int, batches_per_epoch: int, rank: int = 0,
+                 world_size: int = 1, position: StreamPosition | None = None):
+        if batch_size < 1 or batches_per_epoch < 1:
+            raise ValueError(f"batch_size and batches_per_epoch must be >= 1, got {batch_size}, {batches_per_epoch}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        self.crops, self.batch_size, self.batches_per_epoch = crops, batch_size, batches_per_epoch
+        self.rank, self.world_size = rank, world_size
+        self.position = position or StreamPosition()
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def batch(self, batch_index: int) -> dict[str, torch.Tensor]:
+        first = (batch_index * self.world_size + self.rank) * self.batch_size
+        audio = torch.stack([self.crops[first + j] for j in range(self.batch_size)])
+        return {"audio": audio, "batch_index": torch.tensor(batch_index)}
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        start = self.position.consumed_batches
+        end = (start // self.batches_per_epoch + 1) * self.batches_per_epoch
+        info = get_worker_info()
+        worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for batch_index in range(start + worker, end, n_workers):
+            yield self.batch(batch_index)
+
+
+class StreamPosition:
+    """Training batches this rank has consumed; shared by the DataModule (checkpointed) and the stream."""
+
+    def __init__(self, consumed_batches: int = 0):
+        self.consumed_batches = consumed_batches
+
+
+class CropStreamLoader(DataLoader):
+    """The DataLoader of a CropBatchStream. Its state is the stream position, so Lightning treats it
+    as resumable and saves / restores it with the loops' state."""
+
+    def state_dict(self) -> dict:
+        return {"consumed_batches": self.dataset.position.consumed_batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.dataset.position.consumed_batches = int(state["consumed_batches"])
 
 
 class FixedCropDataset(_CropDataset):
@@ -109,7 +181,7 @@ class CodecDataModule(L.LightningDataModule):
                  corpus_dir: str | None = "data/fillets-cs-16k", sample_rate: int = 16000, channels: int = 1,
                  crop_seconds: float = 1.0, valid_crop_seconds: float = 2.0, batch_size: int = 8,
                  valid_batch_size: int | None = None, num_workers: int = 0, items_per_epoch: int | None = None,
-                 max_valid_files: int | None = 32, max_train_files: int | None = None):
+                 max_valid_files: int | None = 32, max_train_files: int | None = None, seed: int = 0):
         super().__init__()
         if train_dir is None and corpus_dir is None:
             raise ValueError("give train_dir (a folder of audio files) or corpus_dir (the built-in corpus)")
@@ -118,6 +190,7 @@ class CodecDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.train_set: RandomCropDataset | None = None
         self.valid_set: FixedCropDataset | None = None
+        self.position = StreamPosition()
 
     def _files(self, split: str) -> list[Path]:
         hp = self.hparams
@@ -138,15 +211,48 @@ class CodecDataModule(L.LightningDataModule):
         if self.train_set is None and stage in (None, "fit"):
             files = evenly_spaced(self._files("train"), hp.max_train_files)
             self.train_set = RandomCropDataset(files, hp.sample_rate, hp.channels, hp.crop_seconds,
-                                               items=max(hp.items_per_epoch or len(files), hp.batch_size))
+                                               items=max(hp.items_per_epoch or len(files), hp.batch_size),
+                                               seed=hp.seed)
         if self.valid_set is None and stage in (None, "fit", "validate"):
             files = evenly_spaced(self._files("valid"), hp.max_valid_files)
             self.valid_set = FixedCropDataset(files, hp.sample_rate, hp.channels, hp.valid_crop_seconds)
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        return DataLoader(self.train_set, batch_size=hp.batch_size, shuffle=True, drop_last=True,
-                          num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0)
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        batches = max(len(self.train_set) // (hp.batch_size * world), 1)
+        stream = CropBatchStream(self.train_set, hp.batch_size, batches, rank, world, self.position)
+        # batch_size=None: the stream yields whole batches. No persistent workers: each epoch's
+        # workers must start from the current position.
+        return CropStreamLoader(stream, batch_size=None, num_workers=hp.num_workers)
+
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        # Runs when the training loop takes a batch for its step (after any prefetching): the
+        # position counts batches actually trained on. The step sees the audio only.
+        if isinstance(batch, dict):
+            if self.trainer is not None and self.trainer.training:
+                self.position.consumed_batches = int(batch["batch_index"]) + 1
+            return batch["audio"]
+        return batch
+
+    def _stream_settings(self) -> dict:
+        """What the training stream depends on besides its position: a resume must not change it."""
+        hp = self.hparams
+        return {"seed": hp.seed, "batch_size": hp.batch_size, "crop_seconds": hp.crop_seconds,
+                "train_items": len(self.train_set) if self.train_set is not None else None}
+
+    def state_dict(self) -> dict:
+        return {"consumed_batches": self.position.consumed_batches, **self._stream_settings()}
+
+    def load_state_dict(self, state: dict) -> None:
+        now = self._stream_settings()
+        changed = [f"{k}: checkpoint {state[k]!r}, now {now[k]!r}" for k in now
+                   if k in state and now[k] is not None and state[k] != now[k]]
+        if changed:
+            raise ValueError("cannot resume the codec's training crops exactly, the data settings changed ("
+                             + "; ".join(changed) + ")")
+        self.position.consumed_batches = int(state.get("consumed_batches", 0))
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams

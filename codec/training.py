@@ -33,6 +33,7 @@ from codec.discriminator import (MultiScaleSTFTDiscriminator, discriminator_hing
                                  generator_hinge_loss)
 from codec.losses import MultiScaleMelLoss, mel_distance, si_sdr, waveform_l1
 from codec.model import Codec, CodecConfig
+from rvqlm.rng_state import get_rng_state, set_rng_state
 
 
 class StepScheduleLR(torch.optim.lr_scheduler.LambdaLR):
@@ -82,6 +83,7 @@ class CodecModule(L.LightningModule):
                               if adversarial else None)
         self._last_step_end: float | None = None
         self._originals_written = False
+        self._rng_to_restore: dict | None = None
 
     # ------------------------------------------------------------------ optimization
 
@@ -103,6 +105,19 @@ class CodecModule(L.LightningModule):
             progress = min((step - hp.lr_decay_start) / max(hp.lr_decay_steps, 1), 1.0)
             factor *= hp.lr_min_ratio + (1 - hp.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
         return factor
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng_states"] = get_rng_state()  # quantizer dropout and code revival draw from it
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._rng_to_restore = checkpoint.get("rng_states")
+
+    def on_train_start(self) -> None:
+        if self._rng_to_restore is not None:
+            set_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None
 
     def _adversarial_now(self) -> bool:
         return self.discriminator is not None and self.global_step >= self.hparams.adversarial_start_step

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 import shutil
 import sys
 import time
@@ -44,6 +43,7 @@ from lm.config import LMConfig
 from lm.data import TokenDataModule, TokenFiles, ValidWindows
 from lm.model import MultiCodebookLM
 from rvqlm.atomic import atomic_path
+from rvqlm.rng_state import get_rng_state, set_rng_state
 
 # ---- measurement ------------------------------------------------------------------------------------
 
@@ -164,7 +164,7 @@ class LMTrainingModule(pl.LightningModule):
 
     def on_train_start(self) -> None:
         if self._rng_to_restore is not None:
-            _set_rng_state(self._rng_to_restore)
+            set_rng_state(self._rng_to_restore)
             self._rng_to_restore = None
         self._last_batch_end = None
 
@@ -232,7 +232,7 @@ class LMTrainingModule(pl.LightningModule):
 
     # -- checkpoints ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["rng_states"] = _get_rng_state()
+        checkpoint["rng_states"] = get_rng_state()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("hyper_parameters", {}).get("config")
@@ -248,20 +248,6 @@ class LMTrainingModule(pl.LightningModule):
     def on_fit_end(self) -> None:
         if self.hparams.export and self.trainer.is_global_zero and not self.trainer.interrupted:
             export_pretrained(self.model, Path(self.trainer.default_root_dir) / "pretrained")
-
-
-def _get_rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]}
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
 
 
 def export_pretrained(model: MultiCodebookLM, dest: Path) -> Path:

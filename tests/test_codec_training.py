@@ -53,6 +53,21 @@ def test_istft_decoder_codec_learns_real_speech(corpus_dir):
     assert after["val/mel_distance"] < 0.8 * before["val/mel_distance"]
 
 
+def test_crop_stream_restarts_where_it_stopped_and_splits_ranks(speech_files):
+    from codec.data import CropBatchStream, StreamPosition
+
+    crops = RandomCropDataset(speech_files["train"][:5], 16000, 1, crop_seconds=0.2, items=12)
+    stream = CropBatchStream(crops, batch_size=2, batches_per_epoch=6)
+    batches = list(stream)
+    assert [int(b["batch_index"]) for b in batches] == list(range(6))
+    assert batches[3]["audio"].shape == (2, 1, 3200)
+    later = CropBatchStream(crops, batch_size=2, batches_per_epoch=6, position=StreamPosition(4))
+    assert [int(b["batch_index"]) for b in later] == [4, 5]
+    assert torch.equal(next(iter(later))["audio"], batches[4]["audio"])
+    ranks = [CropBatchStream(crops, 2, 3, rank=r, world_size=2).batch(0)["audio"] for r in (0, 1)]
+    assert torch.equal(torch.cat(ranks), torch.cat([batches[0]["audio"], batches[1]["audio"]]))
+
+
 def test_si_sdr_values():
     ref = torch.randn(2, 1, 4000)
     assert torch.all(si_sdr(3 * ref, ref) > 60)  # scale-invariant
@@ -64,6 +79,14 @@ def test_datasets_crop_real_speech(speech_files):
     files = speech_files["train"][:3]
     train = RandomCropDataset(files, 16000, 1, crop_seconds=0.5, items=7)
     assert len(train) == 7 and all(train[i].shape == (1, 8000) for i in range(7))
+    # Crop i is a pure function of (seed, i); each pass visits every file once (7 items, 3 files: 3+2+2).
+    again = RandomCropDataset(files, 16000, 1, crop_seconds=0.5, items=7)
+    assert torch.equal(again[12], train[12]) and train.file_and_offset(12) == again.file_and_offset(12)
+    assert RandomCropDataset(files, 16000, 1, crop_seconds=0.5, items=7, seed=1).file_and_offset(3) != \
+        train.file_and_offset(3)
+    for epoch in range(2):
+        visits = sorted(train.file_and_offset(epoch * 7 + j)[0] for j in range(7))
+        assert visits == [0, 0, 0, 1, 1, 2, 2]
     valid = FixedCropDataset(speech_files["valid"][:2], 16000, 1, crop_seconds=60.0)  # longer than the files: padded
     a, b = valid[0], valid[0]
     assert a.shape == (1, 960000) and torch.equal(a, b) and a.abs().sum() > 0
@@ -116,6 +139,26 @@ def test_train_codec_command_logs_exports_and_resumes(tmp_path, corpus_dir, spee
     resumed = list(csv.DictReader(open(tmp_path / "codec_tiny" / "version_1" / "metrics.csv")))
     steps = sorted({int(r["step"]) for r in resumed if r.get("train/loss")})
     assert steps == [4, 5]  # continued from step 4, not from 0
+
+
+def test_an_interrupted_codec_run_resumes_exactly(tmp_path, corpus_dir):
+    """4 steps straight == 2 steps, then a resume (mid-epoch) from the step-2 checkpoint to step 4: the same
+    crops (data position in the checkpoint), the same quantizer-dropout draws (RNG state in the
+    checkpoint), so the same weights bit for bit."""
+    from safetensors.torch import load_file
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ("--data.crop_seconds", "0.2", "--model.codec.quantizer_dropout", "1.0", "--data.items_per_epoch", "24")
+    assert _run(straight, corpus_dir, "--trainer.max_steps", "4", *common) == 0
+    assert _run(split, corpus_dir, "--trainer.max_steps", "2", *common) == 0
+    last = split / "codec_tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    assert _run(split, corpus_dir, "--trainer.max_steps", "4", "--ckpt_path", str(last), *common) == 0
+    a = load_file(str(straight / "codec_tiny" / "version_0" / "pretrained" / "model.safetensors"))
+    b = load_file(str(split / "codec_tiny" / "version_1" / "pretrained" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    losses = [{int(r["step"]): r["train/loss"] for r in csv.DictReader(open(run / "metrics.csv")) if r.get("train/loss")}
+              for run in (straight / "codec_tiny" / "version_0", split / "codec_tiny" / "version_1")]
+    assert losses[1] and all(losses[0][k] == v for k, v in losses[1].items())
 
 
 def test_adversarial_training_exports_the_discriminator(tmp_path, corpus_dir):
