@@ -126,7 +126,7 @@ def load_audio(
     if start >= info.frames:
         raise AudioError(path, f"offset {offset_seconds:.2f} s is past the end ({info.duration:.2f} s)")
     frames = -1 if duration_seconds is None else max(1, int(round(duration_seconds * info.sample_rate)))
-    data = _read(path, start, frames)
+    data = _read(path, start, frames, info.frames)
     wav = torch.from_numpy(np.ascontiguousarray(data.T))
     return to_layout(wav, info.sample_rate, sample_rate, channels, path=path)
 
@@ -145,7 +145,7 @@ def iter_audio_blocks(
     if info.sample_rate == sample_rate:
         block = max(1, int(block_seconds * info.sample_rate))
         for start in range(0, info.frames, block):
-            data = _read(path, start, min(block, info.frames - start))
+            data = _read(path, start, min(block, info.frames - start), info.frames)
             yield to_layout(torch.from_numpy(np.ascontiguousarray(data.T)), sample_rate, sample_rate, channels, path=path)
         return
     # Resampling path: work in units of the rates' gcd so block boundaries map exactly.
@@ -158,7 +158,7 @@ def iter_audio_blocks(
     for start in range(0, info.frames, block_in):
         lo = max(0, start - pad_in)
         hi = min(info.frames, start + block_in + pad_in)
-        data = _read(path, lo, hi - lo)
+        data = _read(path, lo, hi - lo, info.frames)
         wav = to_layout(torch.from_numpy(np.ascontiguousarray(data.T)), info.sample_rate, sample_rate, channels, path=path)
         skip = (start - lo) // unit_in * unit_out
         n_out = math.ceil(min(block_in, info.frames - start) * sample_rate / info.sample_rate)
@@ -213,16 +213,33 @@ def save_audio(path: str | os.PathLike, wav: torch.Tensor, sample_rate: int, sub
     return path
 
 
-def _read(path: str | os.PathLike, start: int, frames: int) -> np.ndarray:
+def _read(path: str | os.PathLike, start: int, frames: int, total: int | None = None) -> np.ndarray:
+    """Samples start .. start + frames (-1: to the end) as float32 [S, C].
+
+    total: the frame count the file's header declares. A read that ends more than
+    `_SHORT_READ_TOLERANCE` short of what the header promises means the file was cut off (an MP3
+    whose Xing/LAME header gives its length, a FLAC whose STREAMINFO does): AudioError, instead
+    of silently returning the part that is left.
+    """
     try:
         data, _ = sf.read(str(path), start=start, frames=frames, dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, ValueError) as e:
         raise AudioError(path, f"cannot decode audio ({_short(e)}); the file may be truncated or corrupt") from None
     if data.shape[0] == 0:
         raise AudioError(path, "no audio samples could be decoded (truncated or corrupt)")
+    if total is not None:
+        expected = total - start if frames < 0 else min(frames, total - start)
+        if expected - data.shape[0] > max(_SHORT_READ_TOLERANCE, 0.01 * expected):
+            raise AudioError(path, f"truncated: the header declares {total} samples, decoding stopped at "
+                                   f"{start + data.shape[0]}")
     if not np.isfinite(data).all():
         raise AudioError(path, "contains NaN or infinite sample values")
     return data
+
+
+# MP3 decoders may legitimately return up to a few frames (1,152 samples each) less than an
+# estimated header count; a cut-off file misses far more.
+_SHORT_READ_TOLERANCE = 4 * 1152
 
 
 def _short(e: BaseException) -> str:

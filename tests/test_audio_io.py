@@ -68,6 +68,25 @@ def test_truncated_files_are_refused(tmp_path, real_ogg):
         audio_info(cut_wav)
 
 
+@pytest.mark.parametrize("suffix", ["mp3", "flac"])
+def test_cut_off_mp3_and_flac_are_refused_and_whole_ones_read(tmp_path, real_ogg, suffix):
+    """A cut-off MP3 still decodes (what is left, 40 % short of its LAME header's count) and a cut-off
+    FLAC loses sync: both raise AudioError naming the file, through load_audio and the block reader."""
+    speech = load_audio(real_ogg, 16000, 1)
+    whole = tmp_path / f"whole.{suffix}"
+    save_audio(whole, speech, 16000)
+    assert abs(load_audio(whole, 16000, 1).shape[-1] - speech.shape[-1]) <= 1152
+    assert sum(b.shape[-1] for b in iter_audio_blocks(whole, 16000, 1, block_seconds=1.0)) > 0
+    cut = tmp_path / f"cut.{suffix}"
+    data = whole.read_bytes()
+    cut.write_bytes(data[: len(data) * 6 // 10])
+    with pytest.raises(AudioError, match="truncated") as e:
+        load_audio(cut, 16000, 1)
+    assert str(cut) in str(e.value)
+    with pytest.raises(AudioError, match="truncated"):
+        list(iter_audio_blocks(cut, 16000, 1, block_seconds=1.0))
+
+
 def test_missing_and_too_long(tmp_path, real_ogg):
     with pytest.raises(AudioError, match="no such file"):
         load_audio(tmp_path / "nope.wav", 16000)
