@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import codec_bottleneck as cb  # noqa: E402
 import codec_quality as cq  # noqa: E402
 import continuation_quality as cont  # noqa: E402
 import quality_metrics as qm  # noqa: E402
@@ -217,6 +218,24 @@ def test_codec_quality_end_to_end_on_a_tiny_random_codec(tmp_path, capsys):
     assert rows[("ours", "N_c=2")]["kbps_measured"] >= rows[("ours", "N_c=2")]["kbps"]  # + the padded last frame
     assert all(r["files"] == 1 for r in result["rows"]) and len(result["files"]) == 1
     assert result["goal"]["met"] is not None
+
+
+def test_codec_bottleneck_end_to_end_on_a_tiny_random_codec(tmp_path, capsys):
+    from codec import Codec, CodecConfig
+
+    torch.manual_seed(0)
+    codec = Codec(CodecConfig(encoder_channels=2, latent_dim=8, n_codebooks=3, codebook_size=16, dilations=(1,),
+                              decoder="istft", decoder_dim=16, decoder_layers=1))
+    codec.train()
+    codec(torch.randn(2, 1, 6400) * 0.1)  # k-means initialises the codebooks from real latents
+    folder = codec.eval().save_pretrained(tmp_path / "codec")
+    assert cb.main(["--codec", str(folder), "--max-files", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = {line[:26].strip(): [float(x) for x in line[26:].split()] for line in lines[2:6]}
+    assert list(table) == ["latent, not quantized", "N_c=1 (0.2 kbps)", "N_c=2 (0.4 kbps)", "N_c=3 (0.6 kbps)"]
+    assert table["latent, not quantized"][1] == 0.0
+    errors = [table[k][1] for k in list(table)[1:]]
+    assert errors == sorted(errors, reverse=True) and errors[0] > 0  # each codebook removes quantization error
 
 
 # ---- continuation_quality.py ----------------------------------------------------------------------
