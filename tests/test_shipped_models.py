@@ -1,0 +1,62 @@
+"""The models in models/ load, belong together, and do what their cards say on real speech."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from codec import Codec
+from codec.audio import load_audio
+from codec.losses import mel_distance
+from lm import MultiCodebookLM
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+
+
+@pytest.fixture(scope="module")
+def codec() -> Codec:
+    return Codec.from_pretrained(MODELS / "codec-speech-16k")
+
+
+@pytest.fixture(scope="module")
+def lm() -> MultiCodebookLM:
+    return MultiCodebookLM.from_pretrained(MODELS / "lm-speech-16k")
+
+
+def test_the_shipped_lm_models_the_shipped_codecs_tokens(codec, lm):
+    assert lm.cfg.codec_fingerprint == codec.fingerprint()
+    assert (lm.cfg.n_codebooks, lm.cfg.codebook_size) == (codec.n_codebooks, codec.codebook_size)
+    card = (MODELS / "codec-speech-16k" / "MODEL_CARD.md").read_text()
+    assert codec.fingerprint()[:12] in card
+    assert codec.fingerprint()[:12] in (MODELS / "lm-speech-16k" / "MODEL_CARD.md").read_text()
+
+
+def test_the_shipped_codec_reconstructs_real_held_out_speech(codec, speech_files):
+    """A test-split file (a game level training never read) comes back close in mel distance, and
+    better with 8 codebooks than with 1, as the card's table says."""
+    wav = load_audio(speech_files["test"][0], codec.sample_rate, codec.channels)[None]
+    codes = codec.encode(wav)
+    assert codes.shape[1] == 8 and 0 <= int(codes.min()) and int(codes.max()) < 1024
+    n = wav.shape[-1]
+    full = mel_distance(codec.decode(codes)[..., :n], wav, codec.sample_rate).item()
+    one = mel_distance(codec.decode(codes[:, :1])[..., :n], wav, codec.sample_rate).item()
+    silence = mel_distance(torch.zeros_like(wav), wav, codec.sample_rate).item()
+    assert full < one and full < 0.5 * silence
+
+
+def test_the_shipped_lm_predicts_held_out_speech_tokens_better_than_chance(codec, lm, speech_files):
+    wav = load_audio(speech_files["test"][0], codec.sample_rate, codec.channels)[None]
+    codes = codec.encode(wav)[..., : lm.cfg.max_frames]
+    with torch.no_grad():
+        nll, valid = lm.token_nll(codes)
+    per_token = float(nll.sum() / valid.sum())
+    assert per_token < math.log(codec.codebook_size) - 0.5  # uniform guessing: log 1024 = 6.93 nats
+
+
+def test_the_codec_cards_benchmark_file_is_this_codec(codec):
+    result = json.loads((MODELS / "codec-speech-16k" / "codec_quality_test.json").read_text())
+    assert result["codec_fingerprint"] == codec.fingerprint() and result["split"] == "test"
