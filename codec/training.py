@@ -58,6 +58,8 @@ class CodecModule(L.LightningModule):
     until `lr_decay_start` (None: never) and then falls along a half cosine to `lr_min_ratio` over
     `lr_decay_steps` steps (and stays there). The schedule is a pure function of the step and these
     settings, so a run resumed with new decay settings follows them from its current step.
+    init_from: a saved codec folder whose weights (codebooks and their EMA statistics included)
+    the run starts from; the step count and schedule start at 0.
     """
 
     def __init__(self, codec: CodecConfig = CodecConfig(), lr: float = 3e-4, betas: Sequence[float] = (0.8, 0.99),
@@ -67,7 +69,7 @@ class CodecModule(L.LightningModule):
                  mel_max_mels: int | Sequence[int] = 80,
                  adversarial: bool = False, adversarial_start_step: int = 0, adv_weight: float = 1.0,
                  feat_weight: float = 2.0, disc_lr: float = 3e-4, disc_n_ffts: Sequence[int] = (1024, 512, 256),
-                 disc_filters: int = 32, audio_examples: int = 2):
+                 disc_filters: int = 32, audio_examples: int = 2, init_from: Optional[str] = None):
         super().__init__()
         config = codec if isinstance(codec, CodecConfig) else CodecConfig.from_dict(dict(codec or {}))
         # Checkpoints hold only plain types (they load with torch.load(weights_only=True)).
@@ -84,6 +86,19 @@ class CodecModule(L.LightningModule):
         self._last_step_end: float | None = None
         self._originals_written = False
         self._rng_to_restore: dict | None = None
+        if init_from is not None:
+            self._load_initial_weights(init_from)
+
+    def _load_initial_weights(self, folder: str) -> None:
+        """Start from a saved codec (continue training it with fresh optimizer state, e.g. when its
+        run's Lightning checkpoints are gone). Its architecture must be this recipe's."""
+        start = Codec.from_pretrained(folder)
+        mine, theirs = self.codec.config.to_dict(), start.config.to_dict()
+        differ = sorted(k for k in mine if mine[k] != theirs[k])
+        if differ:
+            raise ValueError(f"init_from {folder}: its codec differs from this recipe's in "
+                             + ", ".join(f"{k} ({theirs[k]!r} vs {mine[k]!r})" for k in differ))
+        self.codec.load_state_dict(start.state_dict())
 
     # ------------------------------------------------------------------ optimization
 

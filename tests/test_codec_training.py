@@ -222,3 +222,15 @@ def test_schedules_of_checkpoints_written_with_an_exponential_lr_still_load():
     new.load_state_dict(old.state_dict())
     assert new.last_epoch == 5 and "gamma" not in new.__dict__
     assert set(new.state_dict()) >= {"last_epoch", "base_lrs"}
+
+
+def test_init_from_a_saved_codec_continues_its_weights_and_refuses_another_architecture(tmp_path, corpus_dir):
+    assert _run(tmp_path / "a", corpus_dir, "--trainer.max_steps", "2") == 0
+    saved = tmp_path / "a" / "codec_tiny" / "version_0" / "pretrained"
+    start = Codec.from_pretrained(saved)
+    config = start.config.to_dict()
+    module = CodecModule(config, init_from=str(saved))
+    assert all(torch.equal(v, start.state_dict()[k]) for k, v in module.codec.state_dict().items())
+    assert _run(tmp_path / "b", corpus_dir, "--trainer.max_steps", "1", "--model.init_from", str(saved)) == 0
+    with pytest.raises(ValueError, match="init_from .* differs from this recipe's in n_codebooks"):
+        CodecModule({**config, "n_codebooks": config["n_codebooks"] + 1}, init_from=str(saved))
