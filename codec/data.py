@@ -18,9 +18,10 @@ from typing import Iterator
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from codec.audio import AUDIO_SUFFIXES, audio_info, load_audio
+from rvqlm.batch_stream import StreamLoader, StreamPosition, worker_share
 
 
 def list_audio_files(folder: str | os.PathLike) -> list[Path]:
@@ -126,28 +127,9 @@ class CropBatchStream(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         start = self.position.consumed_batches
         end = (start // self.batches_per_epoch + 1) * self.batches_per_epoch
-        info = get_worker_info()
-        worker, n_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        worker, n_workers = worker_share()
         for batch_index in range(start + worker, end, n_workers):
             yield self.batch(batch_index)
-
-
-class StreamPosition:
-    """Training batches this rank has consumed; shared by the DataModule (checkpointed) and the stream."""
-
-    def __init__(self, consumed_batches: int = 0):
-        self.consumed_batches = consumed_batches
-
-
-class CropStreamLoader(DataLoader):
-    """The DataLoader of a CropBatchStream. Its state is the stream position, so Lightning treats it
-    as resumable and saves / restores it with the loops' state."""
-
-    def state_dict(self) -> dict:
-        return {"consumed_batches": self.dataset.position.consumed_batches}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.dataset.position.consumed_batches = int(state["consumed_batches"])
 
 
 class FixedCropDataset(_CropDataset):
@@ -225,7 +207,7 @@ class CodecDataModule(L.LightningDataModule):
         stream = CropBatchStream(self.train_set, hp.batch_size, batches, rank, world, self.position)
         # batch_size=None: the stream yields whole batches. No persistent workers: each epoch's
         # workers must start from the current position.
-        return CropStreamLoader(stream, batch_size=None, num_workers=hp.num_workers)
+        return StreamLoader(stream, batch_size=None, num_workers=hp.num_workers)
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         # Runs when the training loop takes a batch for its step (after any prefetching): the

@@ -27,6 +27,11 @@ from torch import nn
 from torch.nn import functional as F
 
 
+def conv_padding(kernel_size: int, causal: bool) -> tuple[int, int]:
+    """(left, right) padding that keeps a stride-1 convolution's length: all on the left when causal."""
+    return (kernel_size - 1, 0) if causal else ((kernel_size - 1) // 2, kernel_size // 2)
+
+
 class ConvNeXtBlock(nn.Module):
     """x + gamma * Linear(GELU(Linear(LayerNorm(DepthwiseConv(x))))). [B, D, T] -> [B, D, T].
 
@@ -37,7 +42,7 @@ class ConvNeXtBlock(nn.Module):
     def __init__(self, dim: int, hidden: int, *, kernel_size: int = 7, causal: bool = False,
                  layer_scale: float = 1e-1):
         super().__init__()
-        self.pad = (kernel_size - 1, 0) if causal else ((kernel_size - 1) // 2, kernel_size // 2)
+        self.pad = conv_padding(kernel_size, causal)
         self.dwconv = nn.Conv1d(dim, dim, kernel_size, groups=dim)
         self.norm = nn.LayerNorm(dim)
         self.up = nn.Linear(dim, hidden)
@@ -72,9 +77,8 @@ class ISTFTDecoder(nn.Module):
         self.per_frame = hop_length // istft_hop
         self.n_fft = 4 * istft_hop
         self.n_bins = self.n_fft // 2 + 1
-        self.causal = causal
         self.embed = nn.Conv1d(latent_dim, dim, kernel_size)
-        self.embed_pad = (kernel_size - 1, 0) if causal else ((kernel_size - 1) // 2, kernel_size // 2)
+        self.embed_pad = conv_padding(kernel_size, causal)
         self.norm_in = nn.LayerNorm(dim)
         self.blocks = nn.ModuleList(
             ConvNeXtBlock(dim, hidden or 3 * dim, kernel_size=kernel_size, causal=causal, layer_scale=1.0 / n_layers)

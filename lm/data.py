@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Literal, Sequence
@@ -39,15 +38,13 @@ from typing import Iterator, Literal, Sequence
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset
 
+from rvqlm.batch_stream import StreamLoader, StreamPosition, worker_share
 from rvqlm.token_shards import TokenShards
 
 SplitBy = Literal["prefix", "hash"]
 
-# Our streams split their batches between DataLoader workers themselves (see `_worker_share`), so
-# Lightning's generic warning about `__len__` on an IterableDataset does not apply.
-warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
 SPLIT_NAMES = ("train", "valid", "test")
 
 
@@ -156,22 +153,6 @@ class _WindowReader:
                 "frame_mask": torch.from_numpy(mask)}
 
 
-def _worker_share() -> tuple[int, int]:
-    info = get_worker_info()
-    return (0, 1) if info is None else (info.id, info.num_workers)
-
-
-class StreamPosition:
-    """How many training batches of the stream this rank has consumed (its data position).
-
-    Shared between the DataModule (which saves/restores it in checkpoints) and the stream
-    (which starts there whenever an epoch's iterator is created).
-    """
-
-    def __init__(self, consumed_batches: int = 0):
-        self.consumed_batches = consumed_batches
-
-
 class TrainWindowStream(IterableDataset):
     """Random training windows, yielded as whole batches, from `position.consumed_batches` on.
 
@@ -225,7 +206,7 @@ class TrainWindowStream(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         start = self.position.consumed_batches
         end = (start // self.batches_per_epoch + 1) * self.batches_per_epoch  # the rest of this epoch
-        worker, n_workers = _worker_share()
+        worker, n_workers = worker_share()
         # DataLoader workers hand out batches round-robin, so worker w yields batches w, w+n, ...
         for batch_index in range(start + worker, end, n_workers):
             yield self.batch(batch_index)
@@ -261,21 +242,10 @@ class ValidWindows(IterableDataset):
         return math.ceil(len(self.spans) / self.batch_size)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        worker, n_workers = _worker_share()
+        worker, n_workers = worker_share()
         for b in range(worker, len(self), n_workers):
             chunk = self.spans[b * self.batch_size:(b + 1) * self.batch_size]
             yield self.reader.read_batch(chunk, self.window_frames, self.n_codebooks)
-
-
-class StreamLoader(DataLoader):
-    """The DataLoader of a TrainWindowStream; its state is the stream position, so Lightning sees
-    a resumable loader (it saves and restores this state with the loops' state)."""
-
-    def state_dict(self) -> dict:
-        return {"consumed_batches": self.dataset.position.consumed_batches}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.dataset.position.consumed_batches = int(state["consumed_batches"])
 
 
 # ---- the DataModule ---------------------------------------------------------------------------------

@@ -29,6 +29,19 @@ def test_n_mels_are_fitted_so_no_filter_is_empty():
     assert fit_n_mels(16000, 256, 80) == loss.n_mels[0]
 
 
+def _train_20_steps(module: CodecModule, corpus_dir: Path) -> tuple[L.Trainer, dict, dict]:
+    """20 steps on real speech crops; validation metrics before and after."""
+    data = CodecDataModule(corpus_dir=str(corpus_dir), crop_seconds=0.4, valid_crop_seconds=1.0, batch_size=4,
+                           max_train_files=16, max_valid_files=4, valid_batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", max_steps=20, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=1)
+    before = trainer.validate(module, datamodule=data, verbose=False)[0]
+    trainer.fit(module, datamodule=data)
+    after = trainer.validate(module, datamodule=data, verbose=False)[0]
+    return trainer, before, after
+
+
 def test_mel_bands_per_scale():
     loss = MultiScaleMelLoss(16000, (256, 512, 1024, 2048), max_mels=(40, 80, 160, 320))
     assert loss.n_mels == [40, 80, 160, 320]
@@ -42,14 +55,7 @@ def test_istft_decoder_codec_learns_real_speech(corpus_dir):
     torch.manual_seed(0)
     config = CodecConfig(**{**TINY.to_dict(), "decoder": "istft", "decoder_dim": 32, "decoder_layers": 2})
     module = CodecModule(config, lr=3e-3, mel_n_ffts=(256, 1024), mel_max_mels=(40, 160))
-    data = CodecDataModule(corpus_dir=str(corpus_dir), crop_seconds=0.4, valid_crop_seconds=1.0, batch_size=4,
-                           max_train_files=16, max_valid_files=4, valid_batch_size=4)
-    trainer = L.Trainer(accelerator="cpu", max_steps=20, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        limit_val_batches=1)
-    before = trainer.validate(module, datamodule=data, verbose=False)[0]
-    trainer.fit(module, datamodule=data)
-    after = trainer.validate(module, datamodule=data, verbose=False)[0]
+    trainer, before, after = _train_20_steps(module, corpus_dir)
     assert after["val/mel_distance"] < 0.8 * before["val/mel_distance"]
 
 
@@ -99,14 +105,7 @@ def _last(rows: list[dict], key: str) -> float:
 def test_a_few_training_steps_lower_the_loss(corpus_dir):
     torch.manual_seed(0)
     module = CodecModule(TINY, lr=3e-3, mel_n_ffts=(256, 1024))
-    data = CodecDataModule(corpus_dir=str(corpus_dir), crop_seconds=0.4, valid_crop_seconds=1.0, batch_size=4,
-                           max_train_files=16, max_valid_files=4, valid_batch_size=4)
-    trainer = L.Trainer(accelerator="cpu", max_steps=20, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        limit_val_batches=1)
-    before = trainer.validate(module, datamodule=data, verbose=False)[0]
-    trainer.fit(module, datamodule=data)
-    after = trainer.validate(module, datamodule=data, verbose=False)[0]
+    trainer, before, after = _train_20_steps(module, corpus_dir)
     assert trainer.global_step == 20
     assert after["val/mel_distance"] < 0.8 * before["val/mel_distance"]
     assert after["val/si_sdr"] > before["val/si_sdr"]
