@@ -31,6 +31,7 @@ from torch.nn.utils import parametrize
 
 from codec.discriminator import save_discriminator
 from codec.istft_decoder import ISTFTDecoder
+from codec.stft_encoder import STFTEncoder
 from codec.modules import SEANetDecoder, SEANetEncoder
 from codec.quantizer import QuantizerOutput, ResidualVectorQuantizer
 from rvqlm.atomic import usual_permissions
@@ -40,8 +41,10 @@ WEIGHTS_NAME = "model.safetensors"
 DISCRIMINATOR_NAME = "discriminator.safetensors"
 FORMAT_NAME = "rvqlm-codec"
 FORMAT_VERSION = 1
+ENCODERS = ("seanet", "stft")
 DECODERS = ("seanet", "istft")
 ISTFT_ONLY_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop")
+STFT_ONLY_SETTINGS = ("encoder", "encoder_dim", "encoder_layers", "encoder_hop")
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,10 @@ class CodecConfig:
     dead_code_threshold: float = 0.02
     quantizer_dropout: float = 0.5
     commitment_weight: float = 1.0
+    encoder: str = "seanet"
+    encoder_dim: int = 256
+    encoder_layers: int = 6
+    encoder_hop: int = 80
     decoder: str = "seanet"
     decoder_dim: int = 384
     decoder_layers: int = 8
@@ -94,7 +101,7 @@ class CodecConfig:
         object.__setattr__(self, "dilations", tuple(int(d) for d in self.dilations))
         positive = ("sample_rate", "channels", "encoder_channels", "decoder_channels", "latent_dim", "kernel_size",
                     "residual_kernel_size", "last_kernel_size", "compress", "n_codebooks", "codebook_size",
-                    "decoder_dim", "decoder_layers", "istft_hop")
+                    "decoder_dim", "decoder_layers", "istft_hop", "encoder_dim", "encoder_layers", "encoder_hop")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -105,6 +112,10 @@ class CodecConfig:
             raise ValueError(f"CodecConfig.dilations must be positive integers, got {self.dilations}")
         if self.codebook_size < 2:
             raise ValueError(f"CodecConfig.codebook_size must be >= 2, got {self.codebook_size}")
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"CodecConfig.encoder must be one of {ENCODERS}, got {self.encoder!r}")
+        if self.encoder == "stft" and self.hop_length % self.encoder_hop:
+            raise ValueError(f"CodecConfig.encoder_hop {self.encoder_hop} must divide hop_length {self.hop_length}")
         if self.decoder not in DECODERS:
             raise ValueError(f"CodecConfig.decoder must be one of {DECODERS}, got {self.decoder!r}")
         if self.decoder == "istft" and self.hop_length % self.istft_hop:
@@ -170,8 +181,12 @@ class Codec(nn.Module):
                       dilations=config.dilations, kernel_size=config.kernel_size,
                       residual_kernel_size=config.residual_kernel_size, last_kernel_size=config.last_kernel_size,
                       compress=config.compress, causal=config.causal)
-        self.encoder = SEANetEncoder(base_channels=config.encoder_channels,
-                                     full_rate_residuals=config.encoder_full_rate_residuals, **common)
+        if config.encoder == "stft":
+            self.encoder = STFTEncoder(config.channels, config.latent_dim, config.hop_length, config.encoder_hop,
+                                       dim=config.encoder_dim, n_layers=config.encoder_layers, causal=config.causal)
+        else:
+            self.encoder = SEANetEncoder(base_channels=config.encoder_channels,
+                                         full_rate_residuals=config.encoder_full_rate_residuals, **common)
         self.quantizer = ResidualVectorQuantizer(
             config.latent_dim, config.n_codebooks, config.codebook_size, decay=config.ema_decay,
             kmeans_init=config.kmeans_init, kmeans_iters=config.kmeans_iters,
@@ -306,6 +321,10 @@ class Codec(nn.Module):
             # Codecs saved before the iSTFT decoder existed keep their fingerprints (tokens, LMs and
             # .rvq files record it): the iSTFT settings do not exist for a SEANet decoder.
             for key in ISTFT_ONLY_SETTINGS:
+                settings.pop(key)
+        if settings["encoder"] == "seanet":
+            # Likewise for codecs saved before the STFT encoder existed.
+            for key in STFT_ONLY_SETTINGS:
                 settings.pop(key)
         h.update(json.dumps(settings, sort_keys=True).encode())
         for name, tensor in sorted(self.state_dict().items()):

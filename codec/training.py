@@ -54,7 +54,9 @@ class CodecModule(L.LightningModule):
     codec: the architecture (a CodecConfig; a dict of its fields is accepted too, as stored in
     checkpoints). Loss weights: mel_weight * multi-scale log-mel L1 + l1_weight * waveform L1 +
     commitment (weighted by codec.commitment_weight) [+ adv_weight * hinge + feat_weight *
-    feature matching]. Learning rate at step s: lr * lr_gamma**s * cooldown(s), where cooldown is 1
+    feature matching]. Learning rate at step s: lr * warmup(s) * lr_gamma**s * cooldown(s), where
+    warmup rises linearly from 1 / lr_warmup_steps to 1 over the first `lr_warmup_steps` steps (0:
+    none; useful with init_from, whose optimizer starts without moment estimates), cooldown is 1
     until `lr_decay_start` (None: never) and then falls along a half cosine to `lr_min_ratio` over
     `lr_decay_steps` steps (and stays there). The schedule is a pure function of the step and these
     settings, so a run resumed with new decay settings follows them from its current step.
@@ -63,7 +65,8 @@ class CodecModule(L.LightningModule):
     """
 
     def __init__(self, codec: CodecConfig = CodecConfig(), lr: float = 3e-4, betas: Sequence[float] = (0.8, 0.99),
-                 weight_decay: float = 0.0, lr_gamma: float = 1.0, lr_decay_start: Optional[int] = None,
+                 weight_decay: float = 0.0, lr_gamma: float = 1.0, lr_warmup_steps: int = 0,
+                 lr_decay_start: Optional[int] = None,
                  lr_decay_steps: int = 1, lr_min_ratio: float = 0.1, grad_clip: Optional[float] = 1000.0,
                  mel_weight: float = 15.0, l1_weight: float = 1.0, mel_n_ffts: Sequence[int] = (256, 512, 1024, 2048),
                  mel_max_mels: int | Sequence[int] = 80,
@@ -116,6 +119,8 @@ class CodecModule(L.LightningModule):
         """The learning-rate multiplier at optimizer step `step` (see the class docstring)."""
         hp = self.hparams
         factor = hp.lr_gamma ** step
+        if step < hp.get("lr_warmup_steps", 0):
+            factor *= (step + 1) / hp.lr_warmup_steps
         if hp.lr_decay_start is not None and step > hp.lr_decay_start:
             progress = min((step - hp.lr_decay_start) / max(hp.lr_decay_steps, 1), 1.0)
             factor *= hp.lr_min_ratio + (1 - hp.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

@@ -195,6 +195,9 @@ def test_learning_rate_cooldown_schedule_and_resume_with_new_settings(tmp_path, 
     assert abs(f(20) - 0.55) < 1e-9  # half way down the half cosine from 1 to 0.1
     assert abs(f(30) - 0.1) < 1e-9 and abs(f(1000) - 0.1) < 1e-9
     assert CodecModule(TINY, lr_gamma=0.5).lr_factor(3) == 0.125
+    warm = CodecModule(TINY, lr_warmup_steps=4, lr_decay_start=10, lr_decay_steps=20).lr_factor
+    assert [warm(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert abs(warm(20) - 0.55) < 1e-9  # the warm-up leaves the cool-down as it was
     # A run resumed with a cooldown follows it from its current step.
     assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "2") == 0
     last = tmp_path / "codec_tiny" / "version_0" / "checkpoints" / "last.ckpt"

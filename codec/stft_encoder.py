@@ -1,0 +1,108 @@
+"""A frame-rate encoder that reads a short-time spectrum: STFT + ConvNeXt blocks.
+
+The SEANet encoder (codec/modules.py) must stay narrow on a CPU (8 base channels: its convolutions
+run at up to the full sample rate), and with it the codec's unquantized latent reconstructs no
+better than four of its eight codebooks (`benchmarks/codec_bottleneck.py`): the encoder, not the
+bitrate, limits quality. This encoder mirrors the iSTFT decoder (codec/istft_decoder.py): a fixed
+STFT turns the waveform into short spectra (n_fft = 4 * stft_hop, Hann window, a new spectrum every
+stft_hop samples), each codec frame stacks its `r = hop_length / stft_hop` spectra into one vector,
+and every learned layer runs at the frame rate (50 Hz by default) as wide matrix products.
+
+    wav [B, C, S] -> spectra [B, C * 2 * (n_fft/2+1), S / stft_hop]   (power-law compressed re, im)
+      -> stack r per frame [B, C * r * 2 * (n_fft/2+1), T] -> Linear -> ConvNeXt x n_layers -> Linear
+      -> z [B, latent_dim, T]   (T = S / hop_length)
+
+The STFT is a strided convolution with a fixed DFT basis, so the receptive-field arithmetic of
+the other encoders applies (`frame_span`). With `causal=True` each spectrum's window ends at the
+last sample of its stft_hop block and the depthwise convolutions see only past frames, so frame
+t depends only on samples < (t + 1) * hop_length (no look-ahead). Spectra are compressed as
+|X|^0.3 * X / |X| (the magnitude compression of speech enhancement models): the network sees
+phase and a tamed dynamic range without a log's blow-up at silence.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import rearrange
+from torch import nn
+from torch.nn import functional as F
+
+from codec.istft_decoder import ConvNeXtBlock, conv_padding
+
+
+def dft_basis(n_fft: int) -> torch.Tensor:
+    """Hann-windowed real DFT as conv weights [2 * (n_fft/2+1), 1, n_fft]: cos rows, then -sin rows."""
+    n = torch.arange(n_fft, dtype=torch.float64)
+    k = torch.arange(n_fft // 2 + 1, dtype=torch.float64)[:, None]
+    window = torch.hann_window(n_fft, periodic=True, dtype=torch.float64)
+    angle = 2 * math.pi * k * n / n_fft
+    basis = torch.cat([torch.cos(angle), -torch.sin(angle)]) * window
+    return basis[:, None, :].float()
+
+
+class STFTEncoder(nn.Module):
+    """Waveform -> latent frames through short spectra. wav [B, channels, S] -> z [B, latent_dim, S / hop_length].
+
+    dim / n_layers / hidden: the ConvNeXt stack's width, depth and MLP width. stft_hop must divide
+    hop_length. `compression` is the magnitude exponent applied to every spectrum.
+    """
+
+    def __init__(self, channels: int = 1, latent_dim: int = 64, hop_length: int = 320, stft_hop: int = 80, *,
+                 dim: int = 256, n_layers: int = 6, hidden: int | None = None, kernel_size: int = 7,
+                 causal: bool = False, compression: float = 0.3):
+        super().__init__()
+        if hop_length % stft_hop:
+            raise ValueError(f"stft_hop {stft_hop} must divide the codec's hop_length {hop_length}")
+        self.channels, self.hop_length, self.stft_hop = channels, hop_length, stft_hop
+        self.per_frame = hop_length // stft_hop
+        self.n_fft = 4 * stft_hop
+        self.n_bins = self.n_fft // 2 + 1
+        self.compression = compression
+        total = self.n_fft - stft_hop
+        self.stft_pad = (total, 0) if causal else (total - total // 2, total // 2)
+        self.register_buffer("basis", dft_basis(self.n_fft), persistent=False)
+        self.embed = nn.Linear(channels * self.per_frame * 2 * self.n_bins, dim)
+        self.norm_in = nn.LayerNorm(dim)
+        self.blocks = nn.ModuleList(
+            ConvNeXtBlock(dim, hidden or 3 * dim, kernel_size=kernel_size, causal=causal, layer_scale=1.0 / n_layers)
+            for _ in range(n_layers))
+        self.kernel_size, self.causal = kernel_size, causal
+        self.norm_out = nn.LayerNorm(dim)
+        self.project = nn.Linear(dim, latent_dim)
+
+    def spectra(self, wav: torch.Tensor) -> torch.Tensor:
+        """wav [B, C, S] (S a multiple of hop_length) -> compressed (re, im) [B, C, 2, n_fft/2+1, S / stft_hop]."""
+        b = wav.shape[0]
+        x = F.pad(rearrange(wav, "b c s -> (b c) 1 s"), self.stft_pad)
+        spec = F.conv1d(x, self.basis, stride=self.stft_hop)  # [(B C), 2 * bins, S / stft_hop]
+        spec = rearrange(spec, "(b c) (two f) n -> b c two f n", b=b, two=2)
+        magnitude = torch.sqrt(spec.square().sum(dim=2, keepdim=True) + 1e-12)
+        return spec * magnitude ** (self.compression - 1)
+
+    def forward(self, wav: torch.Tensor) -> torch.Tensor:
+        if wav.shape[-1] % self.hop_length:
+            raise ValueError(f"length {wav.shape[-1]} is not a multiple of hop_length {self.hop_length}")
+        spec = self.spectra(wav)
+        x = rearrange(spec, "b c two f (t r) -> b t (c r two f)", r=self.per_frame)
+        x = rearrange(self.norm_in(self.embed(x)), "b t d -> b d t")
+        for block in self.blocks:
+            x = block(x)
+        return rearrange(self.project(self.norm_out(rearrange(x, "b d t -> b t d"))), "b t d -> b d t")
+
+    def frame_span(self) -> tuple[int, int]:
+        """(lo, hi) such that latent frame t depends only on samples t * hop + lo ... t * hop + hi.
+
+        Same convention as SEANetEncoder.frame_span: lo <= 0 is minus the past context and
+        hi - (hop - 1) the look-ahead (0 when causal). Tight up to one sample: the periodic Hann
+        window's first tap is 0, so sample t * hop + lo itself has no weight.
+        """
+        # Layers as (stride, left padding, kernel), input to output: the STFT, the stacking of r
+        # spectra per frame, and one depthwise convolution per block.
+        spans = [(self.stft_hop, self.stft_pad[0], self.n_fft), (self.per_frame, 0, self.per_frame)]
+        spans += [(1, conv_padding(self.kernel_size, self.causal)[0], self.kernel_size)] * len(self.blocks)
+        lo, hi = 0, 0
+        for stride, pad_left, kernel in reversed(spans):
+            lo, hi = lo * stride - pad_left, hi * stride - pad_left + kernel - 1
+        return lo, hi
