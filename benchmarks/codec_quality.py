@@ -22,13 +22,15 @@ Systems (one table row each):
   bytes per 40 ms, 0.8 kbps).
 
 Alignment: every decoded file, ours included, goes through the same steps: the delay L that
-maximises the cross-correlation with the reference over the first 4 s, within +-100 ms, is
-removed (`quality_metrics.estimate_lag`), and the result is cut or zero-padded to the
+best lines it up with the reference over the first 4 s, within +-100 ms, is removed
+(`quality_metrics.estimate_lag`: the peak of the energy envelopes' cross-correlation, refined
+to the sample by the waveforms' within +-1 ms), and the result is cut or zero-padded to the
 reference's length (`quality_metrics.align`). The table's "lag ms" is the median L of each row:
 ~0.06 ms for Opus (ffmpeg drops its pre-skip; what remains is the 48 -> 16 kHz resampler),
-15-28 ms for codec2, and it should be ~0 for a trained codec of ours (trained on aligned
-pairs). A scattered lag means a waveform that does not follow the input (the vocoder codec2, an
-untrained codec), where SI-SDR is meaningless anyway.
+15-28 ms for codec2, and ~0-2 ms for a trained codec of ours (causal, trained on aligned pairs;
+its decoder makes its own phase, so only the envelope step means anything). Until 2026-11-30 the
+lag was the waveforms' cross-correlation peak alone, which for our phase-free decoder is noise:
+it shifted our files by up to 60 ms and cost the shipped codec ~0.07 STOI.
 
 Metrics (means over files; see quality_metrics.py): mel distance (lower is better), SI-SDR dB,
 STOI, wideband PESQ. The goal line compares our best configuration at <= 6 kbps (highest PESQ,
