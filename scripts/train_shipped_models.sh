@@ -2,12 +2,14 @@
 # Retrains the two shipped models (models/codec-speech-16k, models/lm-speech-16k) with the recipes
 # their model cards name, on the built-in corpus, on this machine's CPU. Hours on 2 cores.
 #   CODEC_STEPS  codec steps (the shipped codec: see models/codec-speech-16k/MODEL_CARD.md)
-#   LM_STEPS     LM steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
+#   LM_STEPS     LM stage-1 steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
+#   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; 0: none)
 # Training is reproducible up to float non-determinism across thread counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CODEC_STEPS=${CODEC_STEPS:?set CODEC_STEPS}
 LM_STEPS=${LM_STEPS:?set LM_STEPS}
+LM_STEPS2=${LM_STEPS2:-0}
 RVQLM=.venv/bin/rvqlm
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
@@ -20,5 +22,11 @@ tokens=data/tokens/fillets-cs-16k-$fp
 $RVQLM tokenize data/fillets-cs-16k "$tokens" --codec models/codec-speech-16k
 $RVQLM train-lm --config recipes/lm_speech.yaml --data.tokens_dir "$tokens" --trainer.max_steps "$LM_STEPS" \
     --model.total_steps "$LM_STEPS"
-rm -rf models/lm-speech-16k && cp -r runs/lm_speech/pretrained models/lm-speech-16k
+lm=runs/lm_speech/pretrained
+if [ "$LM_STEPS2" -gt 0 ]; then
+  $RVQLM train-lm --config recipes/lm_speech.yaml --config recipes/lm_speech_stage2.yaml --data.tokens_dir "$tokens" \
+      --model.init_from "$lm" --trainer.max_steps "$LM_STEPS2" --model.total_steps "$LM_STEPS2"
+  lm=runs/lm_speech_stage2/pretrained
+fi
+rm -rf models/lm-speech-16k && cp -r "$lm" models/lm-speech-16k
 $RVQLM eval-lm --lm models/lm-speech-16k --tokens "$tokens" --split valid --unigram
