@@ -56,6 +56,14 @@ class ConvNeXtBlock(nn.Module):
         return x + rearrange(h, "b t d -> b d t")
 
 
+def convnext_blocks(dim: int, n_layers: int, hidden: int | None = None, *, kernel_size: int = 7,
+                    causal: bool = False) -> nn.ModuleList:
+    """n_layers ConvNeXt blocks of width dim (MLP width `hidden`, default 3 * dim), layer scale 1 / n_layers."""
+    return nn.ModuleList(
+        ConvNeXtBlock(dim, hidden or 3 * dim, kernel_size=kernel_size, causal=causal, layer_scale=1.0 / n_layers)
+        for _ in range(n_layers))
+
+
 class ISTFTDecoder(nn.Module):
     """Latent frames -> waveform through a predicted spectrogram. z [B, latent_dim, T] -> [B, channels, T * hop].
 
@@ -80,9 +88,7 @@ class ISTFTDecoder(nn.Module):
         self.embed = nn.Conv1d(latent_dim, dim, kernel_size)
         self.embed_pad = conv_padding(kernel_size, causal)
         self.norm_in = nn.LayerNorm(dim)
-        self.blocks = nn.ModuleList(
-            ConvNeXtBlock(dim, hidden or 3 * dim, kernel_size=kernel_size, causal=causal, layer_scale=1.0 / n_layers)
-            for _ in range(n_layers))
+        self.blocks = convnext_blocks(dim, n_layers, hidden, kernel_size=kernel_size, causal=causal)
         self.norm_out = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, channels * self.per_frame * 2 * self.n_bins)
         self.register_buffer("window", torch.hann_window(self.n_fft), persistent=False)

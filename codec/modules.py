@@ -87,6 +87,14 @@ class ResidualUnit(nn.Module):
         return self.dilated.span() + self.pointwise.span()
 
 
+def frame_span_of(spans: Sequence[tuple[int, int, int]]) -> tuple[int, int]:
+    """(lo, hi) of an output frame's input samples for layers [(stride, left padding, kernel)], input first."""
+    lo, hi = 0, 0
+    for stride, pad_left, kernel in reversed(spans):
+        lo, hi = lo * stride - pad_left, hi * stride - pad_left + kernel - 1
+    return lo, hi
+
+
 def _layer_spans(layers: Iterator[nn.Module]) -> list[tuple[int, int, int]]:
     spans = []
     for layer in layers:
@@ -130,10 +138,7 @@ class SEANetEncoder(nn.Module):
         lo <= 0 is minus the past context, hi - (hop - 1) the look-ahead (0 when causal); the
         receptive field is hi - lo + 1 samples. Padding at the signal edges is zeros.
         """
-        lo, hi = 0, 0
-        for stride, pad_left, kernel in reversed(_layer_spans(self.layers)):
-            lo, hi = lo * stride - pad_left, hi * stride - pad_left + kernel - 1
-        return lo, hi
+        return frame_span_of(_layer_spans(self.layers))
 
 
 class SEANetDecoder(nn.Module):

@@ -29,7 +29,8 @@ from einops import rearrange
 from torch import nn
 from torch.nn import functional as F
 
-from codec.istft_decoder import ConvNeXtBlock, conv_padding
+from codec.istft_decoder import conv_padding, convnext_blocks
+from codec.modules import frame_span_of
 
 
 def dft_basis(n_fft: int) -> torch.Tensor:
@@ -65,9 +66,7 @@ class STFTEncoder(nn.Module):
         self.register_buffer("basis", dft_basis(self.n_fft), persistent=False)
         self.embed = nn.Linear(channels * self.per_frame * 2 * self.n_bins, dim)
         self.norm_in = nn.LayerNorm(dim)
-        self.blocks = nn.ModuleList(
-            ConvNeXtBlock(dim, hidden or 3 * dim, kernel_size=kernel_size, causal=causal, layer_scale=1.0 / n_layers)
-            for _ in range(n_layers))
+        self.blocks = convnext_blocks(dim, n_layers, hidden, kernel_size=kernel_size, causal=causal)
         self.kernel_size, self.causal = kernel_size, causal
         self.norm_out = nn.LayerNorm(dim)
         self.project = nn.Linear(dim, latent_dim)
@@ -102,7 +101,4 @@ class STFTEncoder(nn.Module):
         # spectra per frame, and one depthwise convolution per block.
         spans = [(self.stft_hop, self.stft_pad[0], self.n_fft), (self.per_frame, 0, self.per_frame)]
         spans += [(1, conv_padding(self.kernel_size, self.causal)[0], self.kernel_size)] * len(self.blocks)
-        lo, hi = 0, 0
-        for stride, pad_left, kernel in reversed(spans):
-            lo, hi = lo * stride - pad_left, hi * stride - pad_left + kernel - 1
-        return lo, hi
+        return frame_span_of(spans)
