@@ -161,12 +161,12 @@ def held_out_prompts(tokens_dir: str, split: str, count: int, prompt_frames: int
 def check_pairing(model, codec, tokens_dir: str) -> None:
     from rvqlm.token_shards import TokenShards
 
-    fp = codec.fingerprint()
-    if model.cfg.codec_fingerprint is not None and model.cfg.codec_fingerprint != fp:
+    fp = codec.token_fingerprint()
+    if model.cfg.codec_fingerprint is not None and not codec.accepts_tokens(model.cfg.codec_fingerprint):
         raise ValueError(f"codec mismatch: the LM was trained on tokens of codec {model.cfg.codec_fingerprint[:16]}, "
-                         f"the given codec is {fp[:16]}")
+                         f"the given codec's tokens are {fp[:16]}")
     tokens_fp = TokenShards.open(tokens_dir).fingerprint
-    if tokens_fp != fp:
+    if not codec.accepts_tokens(tokens_fp):
         raise ValueError(f"codec mismatch: {tokens_dir} holds tokens of codec {str(tokens_fp)[:16]}, "
                          f"the given codec is {fp[:16]}")
     if (model.cfg.n_codebooks, model.cfg.codebook_size) != (codec.n_codebooks, codec.codebook_size):

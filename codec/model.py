@@ -6,8 +6,10 @@
 A saved codec is a folder holding `config.json` (the `CodecConfig` fields) and
 `model.safetensors` (every parameter and buffer, quantizer EMA statistics included), optionally
 `discriminator.safetensors` for adversarial fine-tuning. Nothing is ever unpickled.
-`codec.fingerprint()` is a sha256 of the config and the weights: files made with one codec (`.rvq`
-files, token shards, language models) record it, so they are never decoded with another.
+`codec.fingerprint()` is a sha256 of the config and all weights; `codec.token_fingerprint()` covers
+only what makes and means the tokens (encoder, quantizer, their settings). Files of tokens (`.rvq`
+files, token shards, language models) record the token fingerprint, so they are never decoded with
+another codec's decoder, yet stay valid when only the decoder was fine-tuned.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ ENCODERS = ("seanet", "stft")
 DECODERS = ("seanet", "istft")
 ISTFT_ONLY_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop")
 STFT_ONLY_SETTINGS = ("encoder", "encoder_dim", "encoder_layers", "encoder_hop")
+# Settings that only shape the decoder: they do not enter the token fingerprint.
+DECODER_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop", "decoder_channels")
 
 
 @dataclass(frozen=True)
@@ -313,9 +317,7 @@ class Codec(nn.Module):
 
     # ------------------------------------------------------------------ persistence
 
-    def fingerprint(self) -> str:
-        """sha256 hex of the config JSON and every tensor of the state_dict (name, dtype, shape, bytes)."""
-        h = hashlib.sha256()
+    def _settings_for_fingerprint(self) -> dict[str, Any]:
         settings = self.config.to_dict()
         if settings["decoder"] == "seanet":
             # Codecs saved before the iSTFT decoder existed keep their fingerprints (tokens, LMs and
@@ -326,12 +328,40 @@ class Codec(nn.Module):
             # Likewise for codecs saved before the STFT encoder existed.
             for key in STFT_ONLY_SETTINGS:
                 settings.pop(key)
+        return settings
+
+    @staticmethod
+    def _hash(settings: dict[str, Any], state: dict[str, torch.Tensor]) -> str:
+        h = hashlib.sha256()
         h.update(json.dumps(settings, sort_keys=True).encode())
-        for name, tensor in sorted(self.state_dict().items()):
+        for name, tensor in sorted(state.items()):
             t = tensor.detach().to("cpu").contiguous()
             h.update(f"\n{name}:{t.dtype}:{tuple(t.shape)}\n".encode())
             h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         return h.hexdigest()
+
+    def fingerprint(self) -> str:
+        """sha256 hex of the config JSON and every tensor of the state_dict (name, dtype, shape, bytes):
+        this exact codec, decoder included."""
+        return self._hash(self._settings_for_fingerprint(), self.state_dict())
+
+    def token_fingerprint(self) -> str:
+        """sha256 hex of what decides the token ids and what they mean: the settings except the
+        decoder's, and the encoder and quantizer tensors (codebooks and their statistics).
+
+        Files of tokens (`.rvq`, token shards, language models) record it: a codec whose decoder was
+        fine-tuned (`train-codec --model.train_decoder_only true`) has a new `fingerprint` but the same
+        `token_fingerprint`, so it decodes and generates with them. Files written before this existed
+        hold the full fingerprint; `accepts_tokens` takes either.
+        """
+        settings = {k: v for k, v in self._settings_for_fingerprint().items() if k not in DECODER_SETTINGS}
+        state = {k: v for k, v in self.state_dict().items() if not k.startswith("decoder.")}
+        return self._hash(settings, state)
+
+    def accepts_tokens(self, fingerprint: str | None) -> bool:
+        """Whether tokens recorded with `fingerprint` are this codec's: its token fingerprint, or (files
+        written before token fingerprints existed) its full fingerprint."""
+        return fingerprint is not None and fingerprint in (self.token_fingerprint(), self.fingerprint())
 
     def save_pretrained(self, path: str | os.PathLike, discriminator: nn.Module | None = None) -> Path:
         """Write `config.json` + `model.safetensors` (+ `discriminator.safetensors`) to folder `path`.

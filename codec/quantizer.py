@@ -7,7 +7,7 @@ The formula (seed 002, codes counted from 0 here): with codebooks V_1..V_{N_c} o
 so codebook c quantizes the residual that codebooks 1..c-1 left, and the quantized latent is the
 sum q_1 + ... + q_k of the first k chosen vectors (k <= N_c gives a lower bitrate).
 
-Training (module in train mode) additionally:
+Training (module in train mode, unless `frozen` is set) additionally:
 
 * initialises each codebook once by k-means on its level's residuals of the first batch
   (the `initialized` buffer records it, so it survives a state_dict round trip);
@@ -19,7 +19,8 @@ Training (module in train mode) additionally:
 * updates the codebooks by exponential moving averages of cluster sizes and embedding sums, with
   Laplace smoothing of the cluster sizes (no gradient reaches the codebooks);
 * drops trailing codebooks per example (with probability `quantizer_dropout` an example uses only
-  the first k ~ U{1..N_c}), so decoding with any k <= N_c works with one model.
+  the first k ~ U{1..N_c}), so decoding with any k <= N_c works with one model (this one applies
+  to a `frozen` quantizer too, whose codebooks and statistics never change: decoder fine-tunes).
 
 The commitment loss is the mean over levels of mean((r_c - sg(q_c))^2): the residual r_c depends on
 the encoder output at every level, so every level sends a gradient to the encoder. The output uses
@@ -200,6 +201,9 @@ class ResidualVectorQuantizer(nn.Module):
         self.dead_code_threshold = dead_code_threshold
         self.quantizer_dropout = quantizer_dropout
         self.commitment_weight = commitment_weight
+        # Frozen: codebooks, EMA statistics and k-means state stay as they are even in train mode
+        # (quantizer dropout still applies): a decoder fine-tune keeps the token space unchanged.
+        self.frozen = False
 
         embed = torch.randn(n_codebooks, codebook_size, dim) / math.sqrt(dim)
         self.register_buffer("embed", embed)
@@ -347,7 +351,8 @@ class ResidualVectorQuantizer(nn.Module):
         device = z.device
         with torch.autocast(device_type=device.type, enabled=False):
             x = rearrange(z.float(), "b d t -> b t d")
-            if self.training and not bool(self.initialized):
+            update = self.training and not self.frozen
+            if update and not bool(self.initialized):
                 self._init_codebooks(x.detach().reshape(-1, self.dim))
                 just_initialized = True
             else:
@@ -372,14 +377,14 @@ class ResidualVectorQuantizer(nn.Module):
                 flat = r.detach().reshape(-1, self.dim)
                 dead = self.cluster_size[c] < self.dead_code_threshold
                 metrics[f"dead_codes/c{c}"] = dead.sum().float()
-                if self.training and not just_initialized:
+                if update and not just_initialized:
                     self._revive_dead_codes(c, flat, dead)
                 codebook = self.embed[c].clone()  # the vectors this step quantizes with
                 idx = nearest_codes(flat, codebook)
                 q = F.embedding(idx, codebook).view_as(r)
                 if r.shape[0] > 0:
                     commit_terms.append(F.mse_loss(r, q.detach()))
-                if self.training:
+                if update:
                     usage = self._ema_update(c, flat, idx)
                 else:
                     usage = torch.bincount(idx, minlength=self.codebook_size).float()

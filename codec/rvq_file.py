@@ -8,7 +8,7 @@ Layout (all integers little-endian)::
     offset 14  header      N bytes  UTF-8 JSON object (below)
     offset 14+N codes      ceil(N_c * T * bits / 8) bytes
 
-The header holds `format_version`, `codec_fingerprint` (sha256 hex of the codec that made the
+The header holds `format_version`, `codec_fingerprint` (the token fingerprint of the codec that made the
 codes), `sample_rate`, `frame_rate`, `n_codebooks` (N_c), `codebook_size` (|V|), `n_frames` (T),
 `n_samples` (length of the original signal at sample_rate), `bits` (= ceil(log2 |V|)),
 `payload_bytes` and `payload_crc32`, plus any extra keys the writer adds (e.g. `source`).

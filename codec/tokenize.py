@@ -46,7 +46,8 @@ import torch
 import torch.nn.utils.parametrize
 
 from codec.audio import AUDIO_SUFFIXES, AudioError, audio_info, iter_audio_blocks
-from rvqlm.token_shards import DEFAULT_SHARD_FRAMES, ShardWriter, write_errors
+from rvqlm.token_shards import (CODEC_JSON, DEFAULT_SHARD_FRAMES, ShardWriter, TokenShardError, read_codec_json,
+                                write_errors)
 
 #: Files longer than this are streamed in blocks of this length; shorter ones are read whole.
 #: Fixed (not a user setting) so the decoded samples, hence the tokens, never depend on options.
@@ -329,11 +330,25 @@ class _FileState:
 
 
 def codec_meta(codec) -> dict[str, Any]:
-    """What codec.json records about a codec."""
+    """What codec.json records about a codec: its token fingerprint (what decides and means the token
+    ids; a decoder-only fine-tune keeps it), plus the layout and the full config."""
     config = codec.config.to_dict() if hasattr(codec.config, "to_dict") else dataclasses.asdict(codec.config)
-    return {"fingerprint": codec.fingerprint(), "n_codebooks": codec.n_codebooks,
+    return {"fingerprint": codec.token_fingerprint(), "n_codebooks": codec.n_codebooks,
             "codebook_size": codec.codebook_size, "frame_rate": float(codec.frame_rate),
             "sample_rate": codec.sample_rate, "codec_config": config}
+
+
+def _meta_for(out: Path, codec) -> dict[str, Any]:
+    """codec_meta, except that a folder begun before token fingerprints existed (it records this
+    codec's full fingerprint) keeps its recorded one, so it resumes instead of being refused."""
+    meta = codec_meta(codec)
+    try:
+        old = read_codec_json(out)["fingerprint"] if (out / CODEC_JSON).is_file() else None
+    except TokenShardError:
+        old = None  # unreadable: ShardWriter says so
+    if old is not None and old != meta["fingerprint"] and codec.accepts_tokens(old):
+        meta["fingerprint"] = old
+    return meta
 
 
 def tokenize_folder(
@@ -364,7 +379,7 @@ def tokenize_folder(
     files = find_audio_files(audio_dir, exclude=out)
     if not files:
         raise FileNotFoundError(f"no audio files ({', '.join(AUDIO_SUFFIXES)}) under {audio_dir}")
-    writer = ShardWriter(out, codec_meta(codec), shard_frames=shard_frames)
+    writer = ShardWriter(out, _meta_for(out, codec), shard_frames=shard_frames)
     summary = TokenizeSummary(files_found=len(files))
     todo = []
     for f in files:

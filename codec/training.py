@@ -62,6 +62,10 @@ class CodecModule(L.LightningModule):
     settings, so a run resumed with new decay settings follows them from its current step.
     init_from: a saved codec folder whose weights (codebooks and their EMA statistics included)
     the run starts from; the step count and schedule start at 0.
+    train_decoder_only: train the decoder alone (needs init_from): the encoder gets no gradient and
+    the quantizer is frozen (no EMA update, no k-means, no code revival; quantizer dropout still
+    applies), so the codec's tokens, and its `token_fingerprint`, stay those of `init_from`: token
+    shards, `.rvq` files and language models made with it remain valid for the fine-tuned codec.
     """
 
     def __init__(self, codec: CodecConfig = CodecConfig(), lr: float = 3e-4, betas: Sequence[float] = (0.8, 0.99),
@@ -72,7 +76,8 @@ class CodecModule(L.LightningModule):
                  mel_max_mels: int | Sequence[int] = 80,
                  adversarial: bool = False, adversarial_start_step: int = 0, adv_weight: float = 1.0,
                  feat_weight: float = 2.0, disc_lr: float = 3e-4, disc_n_ffts: Sequence[int] = (1024, 512, 256),
-                 disc_filters: int = 32, audio_examples: int = 2, init_from: Optional[str] = None):
+                 disc_filters: int = 32, audio_examples: int = 2, init_from: Optional[str] = None,
+                 train_decoder_only: bool = False):
         super().__init__()
         config = codec if isinstance(codec, CodecConfig) else CodecConfig.from_dict(dict(codec or {}))
         # Checkpoints hold only plain types (they load with torch.load(weights_only=True)).
@@ -91,6 +96,12 @@ class CodecModule(L.LightningModule):
         self._rng_to_restore: dict | None = None
         if init_from is not None:
             self._load_initial_weights(init_from)
+        if train_decoder_only:
+            if init_from is None:
+                raise ValueError("train_decoder_only needs init_from: a trained codec whose encoder and "
+                                 "quantizer (its tokens) the decoder is fine-tuned for")
+            self.codec.encoder.requires_grad_(False)
+            self.codec.quantizer.frozen = True
 
     def _load_initial_weights(self, folder: str) -> None:
         """Start from a saved codec (continue training it with fresh optimizer state, e.g. when its
@@ -107,7 +118,8 @@ class CodecModule(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        opt_g = torch.optim.AdamW(self.codec.parameters(), lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
+        trained = [p for p in self.codec.parameters() if p.requires_grad]  # decoder only, when so set
+        opt_g = torch.optim.AdamW(trained, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
         sched_g = StepScheduleLR(opt_g, self.lr_factor)
         if self.discriminator is None:
             return [opt_g], [sched_g]

@@ -36,7 +36,7 @@ class DemoSettings:
     samples_dir: Path = REPO / "samples"
     work_dir: Path = REPO / "data" / "demo"
     corpus_dir: Path = REPO / "data" / "fillets-cs-16k"
-    tokens_dir: Path | None = None  # default data/tokens/fillets-cs-16k-<codec fingerprint[:12]>
+    tokens_dir: Path | None = None  # default data/tokens/fillets-cs-16k-<codec token fingerprint[:12]>
     codec_dir: Path = SHIPPED_CODEC
     lm_init: Path = SHIPPED_LM
     lm_recipe: Path = DEMO_LM_RECIPE
@@ -124,17 +124,17 @@ def run_demo(s: DemoSettings = DemoSettings()) -> Path:
         recon_rows.append(clips)
 
     _say("3/6 tokenizing the corpus (resumes if already done)")
-    tokens_dir = Path(s.tokens_dir or REPO / "data" / "tokens" / f"fillets-cs-16k-{codec.fingerprint()[:12]}")
+    tokens_dir = Path(s.tokens_dir or REPO / "data" / "tokens" / f"fillets-cs-16k-{codec.token_fingerprint()[:12]}")
     summary = tokenize_folder(corpus, tokens_dir, codec, workers=1, progress=True)
     if summary.errors:
         raise RuntimeError(f"{len(summary.errors)} corpus files failed to tokenize; see {tokens_dir}/errors.jsonl")
 
     lm_run = Path(s.work_dir) / "lm"
-    init = s.lm_init if _fits(s.lm_init, codec.fingerprint()) else None
+    init = s.lm_init if _fits(s.lm_init, codec.token_fingerprint()) else None
     _say(f"4/6 {'fine-tuning the shipped LM' if init else 'training a small LM'} for {s.lm_minutes:.1f} minutes")
     lm_dir = train_demo_lm(s, tokens_dir, lm_run, init)
     model = MultiCodebookLM.from_pretrained(lm_dir).eval()
-    if model.cfg.codec_fingerprint != codec.fingerprint():
+    if not codec.accepts_tokens(model.cfg.codec_fingerprint):
         raise RuntimeError("the demo LM was trained on tokens of another codec")
     held_out = held_out_report(model, str(tokens_dir), "valid", unigram=True)
 

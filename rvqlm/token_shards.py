@@ -2,7 +2,7 @@
 
 Pure numpy + json; knows nothing of the codec model or the LM. Layout of a token folder::
 
-    OUT/codec.json          # format/version, the codec's config + weight fingerprint, N_c, |V|,
+    OUT/codec.json          # format/version, the codec's config + token fingerprint, N_c, |V|,
                             # token dtype, frame_rate, sample_rate
     OUT/shards/shard-00000.npy   # uint8/16/32 array [frames, N_c]: the tokens of whole files, back to back
     OUT/shards.jsonl        # one line per sealed shard: name, n_frames, bytes, sha256 of the .npy
@@ -132,7 +132,7 @@ def make_codec_meta(codec_meta: Mapping[str, Any]) -> dict:
     return doc
 
 
-def _read_codec_json(out: Path) -> dict:
+def read_codec_json(out: Path) -> dict:
     path = out / CODEC_JSON
     if not path.is_file():
         raise TokenShardError(f"{out} is not a token folder (no {CODEC_JSON}); run `rvqlm tokenize` first")
@@ -334,7 +334,7 @@ class TokenShards:
     def open(cls, out_dir: str | os.PathLike, *, verify: bool = False) -> "TokenShards":
         """Open and check a token folder (see the module docstring for what is checked)."""
         root = Path(out_dir)
-        meta = _read_codec_json(root)
+        meta = read_codec_json(root)
         index, entries, _ = _committed_state(root)
         shards = {}
         for row in index:
@@ -405,7 +405,7 @@ class ShardWriter:
         if self.root.exists() and not self.root.is_dir():
             raise TokenShardError(f"{self.root} exists and is not a folder")
         if (self.root / CODEC_JSON).exists():
-            old = _read_codec_json(self.root)
+            old = read_codec_json(self.root)
             if old["fingerprint"] != self.meta["fingerprint"] or old["n_codebooks"] != self.n_codebooks \
                     or old["codebook_size"] != self.meta["codebook_size"]:
                 raise TokenShardError(

@@ -51,7 +51,7 @@ def test_encode_decode_round_trip(tmp_path, tiny_codec_dir, speech):
     codec = Codec.from_pretrained(tiny_codec_dir)
     wav = load_audio(speech, 16000)
     assert torch.equal(codes, codec.encode(wav[None])[0])
-    assert header["codec_fingerprint"] == codec.fingerprint() and header["n_samples"] == wav.shape[-1]
+    assert header["codec_fingerprint"] == codec.token_fingerprint() and header["n_samples"] == wav.shape[-1]
     assert header["source"] == speech.name and header["bits"] == 5
     assert main(["decode", str(rvq), str(wav_out), "--codec", str(tiny_codec_dir)]) == 0
     decoded = load_audio(wav_out, 16000)
@@ -66,9 +66,33 @@ def test_decode_refuses_another_codecs_file(tmp_path, tiny_codec_dir, speech, ca
     other = Codec(TINY).save_pretrained(tmp_path / "other")
     assert main(["decode", str(rvq), str(tmp_path / "y.wav"), "--codec", str(other)]) == 2
     err = capsys.readouterr().err
-    mine, theirs = Codec.from_pretrained(tiny_codec_dir).fingerprint(), Codec.from_pretrained(other).fingerprint()
+    mine = Codec.from_pretrained(tiny_codec_dir).token_fingerprint()
+    theirs = Codec.from_pretrained(other).token_fingerprint()
     assert "was made by codec" in err and mine[:16] in err and theirs[:16] in err
     assert not (tmp_path / "y.wav").exists()
+
+
+def test_decode_accepts_a_fine_tuned_decoder_and_old_headers(tmp_path, tiny_codec_dir, speech):
+    """Same tokens, new decoder: decodes (with the new decoder). A file written before token
+    fingerprints existed (its header holds the full fingerprint) still decodes with its codec."""
+    from codec.rvq_file import write_rvq
+
+    rvq = tmp_path / "x.rvq"
+    assert main(["encode", str(speech), str(rvq), "--codec", str(tiny_codec_dir)]) == 0
+    tuned = Codec.from_pretrained(tiny_codec_dir)
+    with torch.no_grad():
+        for p in tuned.decoder.parameters():
+            p.mul_(1.01)
+    tuned_dir = tuned.save_pretrained(tmp_path / "tuned")
+    assert main(["decode", str(rvq), str(tmp_path / "t.wav"), "--codec", str(tuned_dir)]) == 0
+    codes, header = read_rvq(rvq)
+    expected = tuned.decode(codes[None])[0, :, : header["n_samples"]].clamp(-1, 1)
+    assert torch.allclose(load_audio(tmp_path / "t.wav", 16000), expected, atol=2 / 32768)
+
+    old = Codec.from_pretrained(tiny_codec_dir)
+    write_rvq(tmp_path / "old.rvq", codes, {**header, "codec_fingerprint": old.fingerprint()})
+    assert main(["decode", str(tmp_path / "old.rvq"), str(tmp_path / "o.wav"), "--codec", str(tiny_codec_dir)]) == 0
+    assert main(["decode", str(tmp_path / "old.rvq"), str(tmp_path / "p.wav"), "--codec", str(tuned_dir)]) == 2
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -101,6 +101,37 @@ def test_fingerprint_depends_on_weights_and_config(codec):
     assert len(codec.fingerprint()) == 64 and codec.fingerprint() == codec.fingerprint()
 
 
+def test_token_fingerprint_covers_the_encoder_and_quantizer_not_the_decoder(codec):
+    """What decides the token ids (encoder, quantizer, their settings) is in the token fingerprint;
+    the decoder is not, so a decoder fine-tune keeps token files valid. Old files record the full
+    fingerprint, which is accepted too."""
+    import copy
+    import dataclasses
+
+    token_fp, full_fp = codec.token_fingerprint(), codec.fingerprint()
+    assert len(token_fp) == 64 and token_fp != full_fp
+    tuned = copy.deepcopy(codec)
+    with torch.no_grad():
+        next(tuned.decoder.parameters()).add_(1e-3)
+    assert tuned.token_fingerprint() == token_fp and tuned.fingerprint() != full_fp
+    assert tuned.accepts_tokens(token_fp) and codec.accepts_tokens(full_fp)
+    assert not tuned.accepts_tokens(full_fp)  # the old full fingerprint named the old decoder
+    assert not codec.accepts_tokens(None) and not codec.accepts_tokens("0" * 64)
+    for part in (tuned.encoder, ):
+        with torch.no_grad():
+            next(part.parameters()).add_(1e-3)
+        assert tuned.token_fingerprint() != token_fp
+    requantized = copy.deepcopy(codec)
+    requantized.quantizer.embed[0, 0, 0] += 1e-3
+    assert requantized.token_fingerprint() != token_fp
+    wider = Codec(dataclasses.replace(codec.config, decoder_channels=codec.config.decoder_channels + 1))
+    wider.encoder.load_state_dict(codec.encoder.state_dict())
+    wider.quantizer.load_state_dict(codec.quantizer.state_dict())
+    assert wider.token_fingerprint() == token_fp
+    other_latent = Codec(dataclasses.replace(codec.config, n_codebooks=codec.config.n_codebooks + 1))
+    assert other_latent.token_fingerprint() != token_fp
+
+
 def test_save_refuses_to_replace_a_foreign_folder(codec, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="notes.txt"):

@@ -236,3 +236,24 @@ def test_init_from_a_saved_codec_continues_its_weights_and_refuses_another_archi
     assert _run(tmp_path / "b", corpus_dir, "--trainer.max_steps", "1", "--model.init_from", str(saved)) == 0
     with pytest.raises(ValueError, match="init_from .* differs from this recipe's in n_codebooks"):
         CodecModule({**config, "n_codebooks": config["n_codebooks"] + 1}, init_from=str(saved))
+
+
+def test_decoder_only_fine_tune_keeps_the_tokens(tmp_path, corpus_dir):
+    """train_decoder_only: the decoder (and discriminator) learn; encoder weights and the quantizer's
+    codebooks and EMA statistics stay bit for bit, so tokens and the token fingerprint are kept."""
+    assert _run(tmp_path / "a", corpus_dir, "--trainer.max_steps", "2") == 0
+    saved = tmp_path / "a" / "codec_tiny" / "version_0" / "pretrained"
+    start = Codec.from_pretrained(saved)
+    assert _run(tmp_path / "b", corpus_dir, "--trainer.max_steps", "3", "--model.init_from", str(saved),
+                "--model.train_decoder_only", "true", "--model.adversarial", "true", "--model.disc_filters", "4",
+                "--model.lr", "1e-2") == 0
+    tuned = Codec.from_pretrained(tmp_path / "b" / "codec_tiny" / "version_0" / "pretrained")
+    before, after = start.state_dict(), tuned.state_dict()
+    kept = [k for k in before if not k.startswith("decoder.")]
+    assert kept and all(torch.equal(before[k], after[k]) for k in kept)
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("decoder."))
+    assert tuned.token_fingerprint() == start.token_fingerprint() and tuned.fingerprint() != start.fingerprint()
+    wav = torch.randn(1, 1, 3200) * 0.1
+    assert torch.equal(tuned.encode(wav), start.encode(wav))
+    with pytest.raises(ValueError, match="train_decoder_only needs init_from"):
+        CodecModule(start.config, train_decoder_only=True)

@@ -318,7 +318,7 @@ def tiny_pair(tmp_path_factory):
     codec.save_pretrained(root / "codec")
     arrays = _token_folder(root / "tokens", codec, {"train/a/x.wav": 60, "test/b/long1.wav": 40,
                                                      "test/b/short.wav": 5, "test/c/long2.wav": 12})
-    _tiny_lm("delay", fingerprint=codec.fingerprint()).save_pretrained(root / "lm")
+    _tiny_lm("delay", fingerprint=codec.token_fingerprint()).save_pretrained(root / "lm")
     _tiny_lm("delay", fingerprint="0" * 64).save_pretrained(root / "lm_other")
     return root, codec, arrays
 

@@ -28,11 +28,11 @@ def lm() -> MultiCodebookLM:
 
 
 def test_the_shipped_lm_models_the_shipped_codecs_tokens(codec, lm):
-    assert lm.cfg.codec_fingerprint == codec.fingerprint()
+    assert lm.cfg.codec_fingerprint == codec.token_fingerprint()
     assert (lm.cfg.n_codebooks, lm.cfg.codebook_size) == (codec.n_codebooks, codec.codebook_size)
     card = (MODELS / "codec-speech-16k" / "MODEL_CARD.md").read_text()
-    assert codec.fingerprint()[:12] in card
-    assert codec.fingerprint()[:12] in (MODELS / "lm-speech-16k" / "MODEL_CARD.md").read_text()
+    assert codec.fingerprint()[:12] in card and codec.token_fingerprint()[:12] in card
+    assert codec.token_fingerprint()[:12] in (MODELS / "lm-speech-16k" / "MODEL_CARD.md").read_text()
 
 
 def test_the_shipped_codec_reconstructs_real_held_out_speech(codec, speech_files):

@@ -5,6 +5,7 @@ A tiny random codec (saved with save_pretrained) and real speech from the built-
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -163,6 +164,49 @@ def test_a_different_codec_is_refused(tmp_path, audio_dir, codec_dir, capsys):
     assert rc == 2
     assert "another codec" in capsys.readouterr().err
     assert _folder_bytes(out) == before
+
+
+def _decoder_changed(codec_dir: Path, dest: Path) -> Path:
+    """The codec of codec_dir with other decoder weights (what a decoder-only fine-tune makes)."""
+    codec = Codec.from_pretrained(codec_dir)
+    with torch.no_grad():
+        for p in codec.decoder.parameters():
+            p.add_(0.01)
+    return codec.save_pretrained(dest)
+
+
+def test_a_codec_with_a_fine_tuned_decoder_continues_the_folder(tmp_path, audio_dir, codec_dir):
+    """Tokens record the token fingerprint (encoder + quantizer): a decoder fine-tune makes the same
+    tokens, so it may resume the folder; a folder begun before token fingerprints (it records the
+    full fingerprint) resumes too, keeping what it records."""
+    src = tmp_path / "few"
+    shutil.copytree(audio_dir / "part0", src)
+    codec = Codec.from_pretrained(codec_dir)
+    tuned = _decoder_changed(codec_dir, tmp_path / "tuned")
+    assert Codec.from_pretrained(tuned).fingerprint() != codec.fingerprint()
+    files = sorted(src.iterdir())
+    for f in files[2:]:
+        f.rename(tmp_path / f.name)  # tokenize two files first, the rest on the second run
+    out = tmp_path / "tok"
+    assert tokenize_folder(src, out, codec, progress=False).files_tokenized == 2
+    assert TokenShards.open(out).fingerprint == codec.token_fingerprint()
+    for f in files[2:]:
+        (tmp_path / f.name).rename(f)
+    resumed = tokenize_folder(src, out, Codec.from_pretrained(tuned), progress=False)
+    assert (resumed.files_skipped, resumed.files_tokenized, resumed.files_failed) == (2, len(files) - 2, 0)
+
+    legacy = tmp_path / "legacy"
+    for f in files[2:]:
+        f.rename(tmp_path / f.name)
+    tokenize_folder(src, legacy, codec, progress=False)
+    doc = json.loads((legacy / "codec.json").read_text())
+    doc["fingerprint"] = codec.fingerprint()  # as rvqlm wrote it before token fingerprints
+    (legacy / "codec.json").write_text(json.dumps(doc))
+    for f in files[2:]:
+        (tmp_path / f.name).rename(f)
+    resumed = tokenize_folder(src, legacy, codec, progress=False)
+    assert (resumed.files_skipped, resumed.files_tokenized, resumed.files_failed) == (2, len(files) - 2, 0)
+    assert TokenShards.open(legacy).fingerprint == codec.fingerprint()
 
 
 def test_walker_sorts_recursively_and_skips_the_output_folder(tmp_path, audio_dir):

@@ -108,7 +108,7 @@ def _encode(args: argparse.Namespace) -> int:
     codec = _load(args)
     wav = _read_audio(args.input, codec)
     codes = codec.encode(wav[None], n_q=args.n_codebooks)[0]  # [k, T]
-    header = {"codec_fingerprint": codec.fingerprint(), "sample_rate": codec.sample_rate,
+    header = {"codec_fingerprint": codec.token_fingerprint(), "sample_rate": codec.sample_rate,
               "frame_rate": codec.frame_rate, "codebook_size": codec.codebook_size,
               "channels": codec.channels, "n_samples": int(wav.shape[-1]), "source": Path(args.input).name}
     write_rvq(args.output, codes, header)
@@ -123,10 +123,10 @@ def _decode(args: argparse.Namespace) -> int:
 
     codec = _load(args)
     codes, header = read_rvq(args.input)
-    fingerprint = codec.fingerprint()
-    if header["codec_fingerprint"] != fingerprint:
+    if not codec.accepts_tokens(header["codec_fingerprint"]):
         raise ValueError(f"{args.input} was made by codec {header['codec_fingerprint'][:16]}..., but {args.codec} "
-                         f"is codec {fingerprint[:16]}...; decode it with the codec that encoded it")
+                         f"is codec {codec.token_fingerprint()[:16]}... (tokens); decode it with the codec that "
+                         "encoded it (or one fine-tuned from it with train_decoder_only)")
     if codes.shape[1] == 0:
         raise ValueError(f"{args.input} holds no frames")
     wav = codec.decode(codes[None])[0, :, : int(header["n_samples"])]

@@ -96,9 +96,9 @@ def check_pair(lm_model, codec) -> None:
     if cfg.codec_fingerprint is None:
         print("rvqlm generate: warning: the LM records no codec fingerprint, so the codec cannot be checked",
               file=sys.stderr)
-    elif codec.fingerprint() != cfg.codec_fingerprint:
+    elif not codec.accepts_tokens(cfg.codec_fingerprint):
         raise ValueError(f"codec mismatch: the LM was trained on tokens of codec {cfg.codec_fingerprint[:16]}, "
-                         f"but the given codec is {codec.fingerprint()[:16]}; token ids of different codecs "
+                         f"but the given codec's tokens are {codec.token_fingerprint()[:16]}; token ids of different codecs "
                          "mean different sounds")
 
 
