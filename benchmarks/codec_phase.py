@@ -1,0 +1,139 @@
+"""Magnitude or phase: where does a codec with the iSTFT decoder lose quality?
+
+    .venv/bin/python benchmarks/codec_phase.py --codec DIR [--split valid] [--max-files 8] [--json FILE]
+
+The iSTFT decoder (codec/istft_decoder.py) predicts, for every short frame, a magnitude and a
+phase per bin. This script swaps each half with the original audio's own STFT (same window, FFT
+size and hop as the decoder) and scores every mix with the quality benchmark's metrics (mel
+distance, SI-SDR, STOI, PESQ; the files `benchmarks/codec_quality.py` picks):
+
+    ours                             the codec's output
+    ours magnitude + true phase      what a perfect phase would give the decoder's magnitudes
+    true magnitude + ours phase      what perfect magnitudes would give the decoder's phases
+    true magnitude + random phase    the floor a phase can fall to
+    true magnitude + Griffin-Lim     a phase found from the true magnitudes alone (100 iterations)
+    ours magnitude + Griffin-Lim     the same from the decoder's magnitudes (started at its phase)
+
+If "ours magnitude + true phase" is far above "ours", the phases are what costs quality (the
+adversarial phase of `recipes/codec_speech_gan_decoder.yaml` aims at them); if "true magnitude +
+ours phase" is far above "ours", the magnitudes are. The last row tells whether the decoder's
+magnitudes are consistent (a real STFT could have them): if Griffin-Lim makes them worse while it
+makes the true magnitudes nearly perfect, they are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+VARIANTS = ("ours", "ours magnitude + true phase", "true magnitude + ours phase", "true magnitude + random phase",
+            "true magnitude + Griffin-Lim", "ours magnitude + Griffin-Lim")
+METRICS = ("mel", "si_sdr", "stoi", "pesq")
+
+
+def griffin_lim(magnitude: torch.Tensor, phase: torch.Tensor, stft, istft, n_iter: int = 100,
+                momentum: float = 0.99) -> torch.Tensor:
+    """Fast Griffin-Lim (Perraudin et al. 2013) started from `phase` (torchaudio's starts only from
+    zero or random phases). magnitude, phase [B, bins, frames] -> waveform from istft."""
+    angles = torch.polar(torch.ones_like(magnitude), phase)
+    previous = torch.zeros_like(angles)
+    for _ in range(n_iter):
+        rebuilt = stft(istft(magnitude * angles))
+        angles = rebuilt - (momentum / (1 + momentum)) * previous
+        angles = angles / (angles.abs() + 1e-16)
+        previous = rebuilt
+    return istft(magnitude * angles)
+
+
+def spectral_mixes(codec, wav: torch.Tensor, *, n_iter: int = 100, seed: int = 0) -> dict[str, torch.Tensor]:
+    """wav [1, 1, S] -> {variant: waveform [S]} for every row of VARIANTS (see the module doc)."""
+    decoder = codec.decoder
+    if not hasattr(decoder, "spectrum"):
+        raise ValueError("this codec's decoder does not predict a spectrum (decoder must be 'istft')")
+    n_fft, hop, window = decoder.n_fft, decoder.istft_hop, decoder.window
+    length = wav.shape[-1]
+    with torch.inference_mode():
+        ours = decoder.spectrum(codec.quantizer.decode(codec.encode(wav)))  # [C, bins, frames]
+        n_frames = ours.shape[-1]
+        total = n_frames * hop
+
+        def stft(x: torch.Tensor) -> torch.Tensor:
+            return torch.stft(x, n_fft, hop, n_fft, window, center=True, return_complex=True)[..., :n_frames]
+
+        def istft(s: torch.Tensor) -> torch.Tensor:
+            return torch.istft(s, n_fft, hop, n_fft, window, center=True, length=total)
+
+        true = stft(torch.nn.functional.pad(wav[0].float(), (0, total - length)))
+        random_phase = torch.rand(true.shape, generator=torch.Generator().manual_seed(seed)) * 2 * math.pi
+        spectra = {
+            "ours": ours,
+            "ours magnitude + true phase": torch.polar(ours.abs(), true.angle()),
+            "true magnitude + ours phase": torch.polar(true.abs(), ours.angle()),
+            "true magnitude + random phase": torch.polar(true.abs(), random_phase),
+        }
+        out = {name: istft(s) for name, s in spectra.items()}
+        out["true magnitude + Griffin-Lim"] = griffin_lim(true.abs(), random_phase, stft, istft, n_iter)
+        out["ours magnitude + Griffin-Lim"] = griffin_lim(ours.abs(), ours.angle(), stft, istft, n_iter)
+    return {name: w[0, :length] for name, w in out.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--codec", required=True, help="a saved codec folder with the iSTFT decoder")
+    p.add_argument("--corpus", default="data/fillets-cs-16k")
+    p.add_argument("--split", default="valid", choices=("train", "valid", "test"))
+    p.add_argument("--max-files", type=int, default=8)
+    p.add_argument("--griffin-lim-iters", type=int, default=100)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from codec import Codec
+    from codec.audio import load_audio
+    from codec_quality import pick_files
+    from quality_metrics import align, estimate_lag, mean_scores, score
+    from rvqlm.corpus import corpus_files
+
+    t0 = time.perf_counter()
+    codec = Codec.from_pretrained(args.codec).eval()
+    if codec.channels != 1:
+        raise SystemExit("codec_phase.py scores mono codecs")
+    files = pick_files(corpus_files(args.corpus, args.split), args.max_files, 1.0)
+    per_variant: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    for f in files:
+        reference = load_audio(f, codec.sample_rate, 1)  # [1, S]
+        mixes = spectral_mixes(codec, reference[None], n_iter=args.griffin_lim_iters)
+        ref = reference[0].numpy()
+        for name, decoded in mixes.items():
+            d = decoded.numpy()
+            per_variant[name].append(score(ref, align(d, estimate_lag(ref, d, codec.sample_rate), len(ref)),
+                                           codec.sample_rate))
+    means = {name: mean_scores(rows).means for name, rows in per_variant.items()}
+    print(f"codec {args.codec} ({codec.fingerprint()[:12]}), {len(files)} files of {args.corpus}/{args.split}, "
+          f"all {codec.n_codebooks} codebooks, means over files")
+    print(f"{'spectrum':<32} {'mel v':>7} {'SI-SDR ^':>9} {'STOI ^':>7} {'PESQ ^':>7}")
+    for name, m in means.items():
+        print(f"{name:<32} {m['mel']:>7.3f} {m['si_sdr']:>9.2f} {m['stoi']:>7.3f} {m['pesq']:>7.2f}")
+    print(f"wall time {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        from rvqlm.atomic import atomic_write_json
+
+        atomic_write_json(Path(args.json), {"codec": str(args.codec), "codec_fingerprint": codec.fingerprint(),
+                                            "split": args.split, "files": [str(f) for f in files],
+                                            "means": {k: {m: float(v[m]) for m in METRICS} for k, v in means.items()}})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
