@@ -5,7 +5,7 @@
 discriminator (hinge loss; the codec adds hinge + feature-matching terms). `trainer.global_step`
 counts codec steps only. Every step logs the losses, the bitrate actually used (quantizer
 dropout varies it), per-codebook usage (perplexity, normalized entropy, dead codes) and the
-throughput in seconds of audio per second; validation logs mel distance, SI-SDR and L1 at the
+throughput in seconds of audio per second; validation logs mel distance, SI-SDR, L1 and the phase loss at the
 full bitrate and mel distance with fewer codebooks, and writes a few audio examples (TensorBoard
 `add_audio`, or wav files under `<log dir>/audio/` for other loggers).
 
@@ -31,7 +31,7 @@ from codec.audio import save_audio
 from codec.data import CodecDataModule
 from codec.discriminator import (MultiScaleSTFTDiscriminator, discriminator_hinge_loss, feature_matching_loss,
                                  generator_hinge_loss)
-from codec.losses import MultiScaleMelLoss, mel_distance, si_sdr, waveform_l1
+from codec.losses import MultiScaleMelLoss, PhaseDerivativeLoss, mel_distance, si_sdr, waveform_l1
 from codec.model import Codec, CodecConfig
 from rvqlm.rng_state import get_rng_state, set_rng_state
 
@@ -53,8 +53,9 @@ class CodecModule(L.LightningModule):
 
     codec: the architecture (a CodecConfig; a dict of its fields is accepted too, as stored in
     checkpoints). Loss weights: mel_weight * multi-scale log-mel L1 + l1_weight * waveform L1 +
-    commitment (weighted by codec.commitment_weight) [+ adv_weight * hinge + feat_weight *
-    feature matching]. Learning rate at step s: lr * warmup(s) * lr_gamma**s * cooldown(s), where
+    commitment (weighted by codec.commitment_weight) [+ phase_weight * phase-derivative loss at
+    phase_n_fft / phase_hop (codec.losses.PhaseDerivativeLoss; 0: off)] [+ adv_weight * hinge +
+    feat_weight * feature matching]. Learning rate at step s: lr * warmup(s) * lr_gamma**s * cooldown(s), where
     warmup rises linearly from 1 / lr_warmup_steps to 1 over the first `lr_warmup_steps` steps (0:
     none; useful with init_from, whose optimizer starts without moment estimates), cooldown is 1
     until `lr_decay_start` (None: never) and then falls along a half cosine to `lr_min_ratio` over
@@ -73,7 +74,8 @@ class CodecModule(L.LightningModule):
                  lr_decay_start: Optional[int] = None,
                  lr_decay_steps: int = 1, lr_min_ratio: float = 0.1, grad_clip: Optional[float] = 1000.0,
                  mel_weight: float = 15.0, l1_weight: float = 1.0, mel_n_ffts: Sequence[int] = (256, 512, 1024, 2048),
-                 mel_max_mels: int | Sequence[int] = 80,
+                 mel_max_mels: int | Sequence[int] = 80, phase_weight: float = 0.0, phase_n_fft: int = 320,
+                 phase_hop: int = 80,
                  adversarial: bool = False, adversarial_start_step: int = 0, adv_weight: float = 1.0,
                  feat_weight: float = 2.0, disc_lr: float = 3e-4, disc_n_ffts: Sequence[int] = (1024, 512, 256),
                  disc_filters: int = 32, audio_examples: int = 2, init_from: Optional[str] = None,
@@ -89,6 +91,7 @@ class CodecModule(L.LightningModule):
         self.automatic_optimization = False
         self.codec = Codec(config)
         self.mel_loss = MultiScaleMelLoss(config.sample_rate, mel_n_ffts, mel_max_mels)
+        self.phase_loss = PhaseDerivativeLoss(phase_n_fft, phase_hop)  # a loss when phase_weight > 0, else a metric
         self.discriminator = (MultiScaleSTFTDiscriminator(disc_n_ffts, config.channels, disc_filters)
                               if adversarial else None)
         self._last_step_end: float | None = None
@@ -169,6 +172,10 @@ class CodecModule(L.LightningModule):
         commit = out.quantizer.commit_loss
         loss = hp.mel_weight * mel + hp.l1_weight * l1 + commit
         logs = {"train/mel": mel, "train/l1": l1, "train/commit": commit}
+        if hp.phase_weight > 0:
+            phase = self.phase_loss(recon, wav)
+            loss = loss + hp.phase_weight * phase
+            logs["train/phase"] = phase
 
         if self._adversarial_now():
             opt_d = optimizers[1]
@@ -228,6 +235,7 @@ class CodecModule(L.LightningModule):
             "val/mel_distance": mel_distance(recon, wav, self.codec.sample_rate).mean(),
             "val/si_sdr": si_sdr(recon, wav).mean(),
             "val/l1": waveform_l1(recon, wav),
+            "val/phase": self.phase_loss(recon, wav),
             "val/commit": out.quantizer.commit_loss,
             "val/kbps": self.codec.bitrate_kbps(),
         }
