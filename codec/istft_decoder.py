@@ -13,6 +13,13 @@ frame instead of thousands of tiny convolutions per second of audio.
     z [B, latent_dim, T] -> ConvNeXt x n_layers at T -> head [B, C * r * 2 * (n_fft/2+1), T]
       -> spectra [B*C, n_fft/2+1, T * r] -> istft(hop=istft_hop, center) -> wav [B, C, T * hop_length]
 
+Phase: with `phase="angle"` (as in Vocos) the head emits one free angle per bin. With
+`phase="angle_vector"` it also emits a 2-D vector (x, y) per bin and the phase is
+angle + atan2(y, x): a rotation that gradient descent can turn smoothly in any direction (APNet's
+"parallel" phase estimation) instead of pushing a raw angle across the wrap. `from_angle_head`
+builds such a head from a trained angle head with x = 1, y = 0, so it starts out as exactly that
+decoder (a decoder-only fine-tune can then learn phase corrections).
+
 Causality: with `causal=True` the depthwise convolutions see only past frames. The inverse STFT
 itself adds a look-ahead of at most `n_fft / 2` samples (a centred window of the next short frame
 overlaps the end of the current one): 10 ms with the defaults. The encoder, which decides the
@@ -70,17 +77,23 @@ class ISTFTDecoder(nn.Module):
     dim / n_layers / hidden: the ConvNeXt stack's width, depth and MLP width. istft_hop must
     divide hop_length; each latent frame predicts hop_length / istft_hop spectra of
     n_fft = 4 * istft_hop points (Hann window, 75 % overlap). Magnitudes are exp(log-magnitude)
-    clipped at 100 (as in Vocos), phases are free angles.
+    clipped at 100 (as in Vocos), phases are free angles (`phase="angle"`) or free angles turned by
+    the direction of a predicted vector (`phase="angle_vector"`; see the module doc).
     """
 
     MAX_MAGNITUDE = 100.0
+    PHASES = {"angle": 2, "angle_vector": 4}  # head outputs per bin: log-magnitude, angle[, x, y]
 
     def __init__(self, channels: int = 1, latent_dim: int = 64, hop_length: int = 320, istft_hop: int = 80, *,
                  dim: int = 384, n_layers: int = 8, hidden: int | None = None, kernel_size: int = 7,
-                 causal: bool = False):
+                 causal: bool = False, phase: str = "angle"):
         super().__init__()
         if hop_length % istft_hop:
             raise ValueError(f"istft_hop {istft_hop} must divide the codec's hop_length {hop_length}")
+        if phase not in self.PHASES:
+            raise ValueError(f"phase must be one of {sorted(self.PHASES)}, got {phase!r}")
+        self.phase = phase
+        self.outputs_per_bin = self.PHASES[phase]
         self.channels, self.hop_length, self.istft_hop = channels, hop_length, istft_hop
         self.per_frame = hop_length // istft_hop
         self.n_fft = 4 * istft_hop
@@ -90,7 +103,9 @@ class ISTFTDecoder(nn.Module):
         self.norm_in = nn.LayerNorm(dim)
         self.blocks = convnext_blocks(dim, n_layers, hidden, kernel_size=kernel_size, causal=causal)
         self.norm_out = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, channels * self.per_frame * 2 * self.n_bins)
+        self.head = nn.Linear(dim, channels * self.per_frame * self.outputs_per_bin * self.n_bins)
+        if phase == "angle_vector":
+            self._start_vectors_at_no_turn()
         self.register_buffer("window", torch.hann_window(self.n_fft), persistent=False)
 
     def spectrum(self, z: torch.Tensor) -> torch.Tensor:
@@ -100,14 +115,47 @@ class ISTFTDecoder(nn.Module):
         for block in self.blocks:
             x = block(x)
         out = self.head(self.norm_out(rearrange(x, "b d t -> b t d")))  # [B, T, C * r * 2 * bins]
-        out = rearrange(out, "b t (c r two f) -> two (b c) f (t r)", c=self.channels, r=self.per_frame, two=2)
+        out = rearrange(out, "b t (c r k f) -> k (b c) f (t r)", c=self.channels, r=self.per_frame,
+                        k=self.outputs_per_bin)
         magnitude = torch.exp(out[0]).clamp(max=self.MAX_MAGNITUDE)
         phase = out[1]
+        if self.phase == "angle_vector":
+            phase = phase + torch.atan2(out[3], out[2])
         return torch.polar(magnitude, phase)
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        b, t = z.shape[0], z.shape[-1]
-        spec = self.spectrum(z)
+    def _head_view(self, t: torch.Tensor) -> torch.Tensor:
+        """The head's weight [out, dim] or bias [out] as [C, r, k, bins, ...] (k: outputs per bin)."""
+        return t.view(self.channels, self.per_frame, self.outputs_per_bin, self.n_bins, *t.shape[1:])
+
+    @torch.no_grad()
+    def _start_vectors_at_no_turn(self) -> None:
+        """x = 1, y = 0 for every input: atan2(y, x) = 0, the phase is the angle output alone."""
+        weight, bias = self._head_view(self.head.weight), self._head_view(self.head.bias)
+        weight[:, :, 2:].zero_()
+        bias[:, :, 2].fill_(1.0)
+        bias[:, :, 3].zero_()
+
+    @torch.no_grad()
+    def from_angle_head(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        """Take a trained `phase="angle"` head (weight [C*r*2*bins, dim], bias) into this
+        `phase="angle_vector"` decoder: same log-magnitudes and angles, vectors at no turn."""
+        if self.phase != "angle_vector":
+            raise ValueError("from_angle_head needs phase='angle_vector'")
+        expected = self.channels * self.per_frame * 2 * self.n_bins
+        if weight.shape != (expected, self.head.in_features) or bias.shape != (expected,):
+            raise ValueError(f"an angle head of this decoder has weight {(expected, self.head.in_features)} and "
+                             f"bias ({expected},); got {tuple(weight.shape)} and {tuple(bias.shape)}")
+        old_w = weight.view(self.channels, self.per_frame, 2, self.n_bins, -1)
+        old_b = bias.view(self.channels, self.per_frame, 2, self.n_bins)
+        self._head_view(self.head.weight)[:, :, :2].copy_(old_w)
+        self._head_view(self.head.bias)[:, :, :2].copy_(old_b)
+        self._start_vectors_at_no_turn()
+
+    def synthesize(self, spec: torch.Tensor, batch: int) -> torch.Tensor:
+        """Spectra [B * C, bins, T * r] (from `spectrum`) -> waveform [B, C, T * hop_length]."""
         wav = torch.istft(spec, self.n_fft, hop_length=self.istft_hop, win_length=self.n_fft, window=self.window,
-                          center=True, length=t * self.hop_length)
-        return rearrange(wav, "(b c) s -> b c s", b=b, c=self.channels)
+                          center=True, length=spec.shape[-1] * self.istft_hop)
+        return rearrange(wav, "(b c) s -> b c s", b=batch, c=self.channels)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.synthesize(self.spectrum(z), z.shape[0])

@@ -107,7 +107,22 @@ class PhaseDerivativeLoss(nn.Module):
     def forward(self, x_hat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if x_hat.shape != x.shape:
             raise ValueError(f"shapes differ: {tuple(x_hat.shape)} vs {tuple(x.shape)}")
-        X, Y = self._stft(x), self._stft(x_hat)
+        return self.spectral(self._stft(x_hat), self._stft(x))
+
+    def on_spectrum(self, spectrum: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The loss of a decoder's own predicted spectra (before overlap-add) against x [B, C, S]:
+        spectrum [B * C, n_fft/2+1, frames], frame j centred on sample j * hop_length (as
+        ISTFTDecoder.spectrum gives with this loss's n_fft and hop). x is zero-padded to fit."""
+        total = spectrum.shape[-1] * self.hop_length
+        x = F.pad(x, (0, max(total - x.shape[-1], 0)))[..., :total]
+        X = self._stft(x)[..., : spectrum.shape[-1]]
+        if X.shape != spectrum.shape:
+            raise ValueError(f"spectrum {tuple(spectrum.shape)} does not match this loss's STFT {tuple(X.shape)} "
+                             f"(n_fft {self.n_fft}, hop {self.hop_length})")
+        return self.spectral(spectrum, X)
+
+    def spectral(self, Y: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """The loss between complex spectra Y (estimate) and X (original), both [N, bins, frames]."""
         floor = self.eps * X.abs().amax(dim=(1, 2), keepdim=True).clamp(min=1e-8)
         u = X / (X.abs() + floor)
         v = Y / (Y.abs() + floor)

@@ -48,7 +48,8 @@ DECODERS = ("seanet", "istft")
 ISTFT_ONLY_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop")
 STFT_ONLY_SETTINGS = ("encoder", "encoder_dim", "encoder_layers", "encoder_hop")
 # Settings that only shape the decoder: they do not enter the token fingerprint.
-DECODER_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop", "decoder_channels")
+DECODER_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop", "istft_phase", "decoder_channels")
+ISTFT_PHASES = ("angle", "angle_vector")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class CodecConfig:
     would call every code dead and re-seed the codebooks at every step; 0.02 flags codes used
     about 10x less than uniform usage. `quantizer_dropout` 0.5: half the examples train a random
     bitrate, half the full one (DAC found dropping on every example costs full-bitrate quality).
+    `istft_phase` chooses how the iSTFT decoder emits phases (codec/istft_decoder.py): "angle",
+    or "angle_vector" (an angle turned by a predicted 2-D vector's direction).
     """
 
     sample_rate: int = 16000
@@ -98,6 +101,7 @@ class CodecConfig:
     decoder_dim: int = 384
     decoder_layers: int = 8
     istft_hop: int = 80
+    istft_phase: str = "angle"
 
     def __post_init__(self) -> None:
         # Accept lists (JSON, YAML) for the tuple fields, and keep the dataclass hashable.
@@ -122,6 +126,8 @@ class CodecConfig:
             raise ValueError(f"CodecConfig.encoder_hop {self.encoder_hop} must divide hop_length {self.hop_length}")
         if self.decoder not in DECODERS:
             raise ValueError(f"CodecConfig.decoder must be one of {DECODERS}, got {self.decoder!r}")
+        if self.istft_phase not in ISTFT_PHASES:
+            raise ValueError(f"CodecConfig.istft_phase must be one of {ISTFT_PHASES}, got {self.istft_phase!r}")
         if self.decoder == "istft" and self.hop_length % self.istft_hop:
             raise ValueError(f"CodecConfig.istft_hop {self.istft_hop} must divide hop_length {self.hop_length}")
         if self.sample_rate % self.hop_length:
@@ -168,11 +174,14 @@ class CodecOutput:
     audio: [B, C, S] reconstruction, trimmed to the input length.
     quantizer: the QuantizerOutput (codes [B, k, T], commit_loss, usage metrics).
     latent: [B, D, T] encoder output before quantization.
+    spectrum: the iSTFT decoder's predicted complex spectra [B * C, bins, T * hop / istft_hop]
+        (frame j centred on sample j * istft_hop), or None for other decoders.
     """
 
     audio: torch.Tensor
     quantizer: QuantizerOutput
     latent: torch.Tensor = field(repr=False)
+    spectrum: torch.Tensor | None = field(default=None, repr=False)
 
 
 class Codec(nn.Module):
@@ -198,7 +207,8 @@ class Codec(nn.Module):
             commitment_weight=config.commitment_weight)
         if config.decoder == "istft":
             self.decoder = ISTFTDecoder(config.channels, config.latent_dim, config.hop_length, config.istft_hop,
-                                        dim=config.decoder_dim, n_layers=config.decoder_layers, causal=config.causal)
+                                        dim=config.decoder_dim, n_layers=config.decoder_layers, causal=config.causal,
+                                        phase=config.istft_phase)
         else:
             self.decoder = SEANetDecoder(base_channels=config.decoder_channels, **common)
 
@@ -272,8 +282,12 @@ class Codec(nn.Module):
         length = wav.shape[-1]
         latent = self.encoder(self.pad_to_hop(wav))
         q = self.quantizer(latent, n_q=n_q)
-        audio = self.decoder(q.quantized)[..., :length]
-        return CodecOutput(audio=audio, quantizer=q, latent=latent)
+        if isinstance(self.decoder, ISTFTDecoder):
+            spectrum = self.decoder.spectrum(q.quantized)
+            audio = self.decoder.synthesize(spectrum, wav.shape[0])[..., :length]
+        else:
+            spectrum, audio = None, self.decoder(q.quantized)[..., :length]
+        return CodecOutput(audio=audio, quantizer=q, latent=latent, spectrum=spectrum)
 
     # ------------------------------------------------------------------ inference API
 
@@ -328,6 +342,8 @@ class Codec(nn.Module):
             # Likewise for codecs saved before the STFT encoder existed.
             for key in STFT_ONLY_SETTINGS:
                 settings.pop(key)
+        if settings.get("istft_phase") == "angle":
+            settings.pop("istft_phase")  # and before the phase options existed
         return settings
 
     @staticmethod

@@ -54,8 +54,10 @@ class CodecModule(L.LightningModule):
     codec: the architecture (a CodecConfig; a dict of its fields is accepted too, as stored in
     checkpoints). Loss weights: mel_weight * multi-scale log-mel L1 + l1_weight * waveform L1 +
     commitment (weighted by codec.commitment_weight) [+ phase_weight * phase-derivative loss at
-    phase_n_fft / phase_hop (codec.losses.PhaseDerivativeLoss; 0: off)] [+ adv_weight * hinge +
-    feat_weight * feature matching]. Learning rate at step s: lr * warmup(s) * lr_gamma**s * cooldown(s), where
+    phase_n_fft / phase_hop (codec.losses.PhaseDerivativeLoss; 0: off), on the output waveform
+    (`phase_on="output"`) or on the iSTFT decoder's predicted spectra before overlap-add
+    (`phase_on="spectrum"`: phase_n_fft / phase_hop must then be the decoder's)] [+ adv_weight *
+    hinge + feat_weight * feature matching]. Learning rate at step s: lr * warmup(s) * lr_gamma**s * cooldown(s), where
     warmup rises linearly from 1 / lr_warmup_steps to 1 over the first `lr_warmup_steps` steps (0:
     none; useful with init_from, whose optimizer starts without moment estimates), cooldown is 1
     until `lr_decay_start` (None: never) and then falls along a half cosine to `lr_min_ratio` over
@@ -75,7 +77,7 @@ class CodecModule(L.LightningModule):
                  lr_decay_steps: int = 1, lr_min_ratio: float = 0.1, grad_clip: Optional[float] = 1000.0,
                  mel_weight: float = 15.0, l1_weight: float = 1.0, mel_n_ffts: Sequence[int] = (256, 512, 1024, 2048),
                  mel_max_mels: int | Sequence[int] = 80, phase_weight: float = 0.0, phase_n_fft: int = 320,
-                 phase_hop: int = 80,
+                 phase_hop: int = 80, phase_on: str = "output",
                  adversarial: bool = False, adversarial_start_step: int = 0, adv_weight: float = 1.0,
                  feat_weight: float = 2.0, disc_lr: float = 3e-4, disc_n_ffts: Sequence[int] = (1024, 512, 256),
                  disc_filters: int = 32, audio_examples: int = 2, init_from: Optional[str] = None,
@@ -92,6 +94,12 @@ class CodecModule(L.LightningModule):
         self.codec = Codec(config)
         self.mel_loss = MultiScaleMelLoss(config.sample_rate, mel_n_ffts, mel_max_mels)
         self.phase_loss = PhaseDerivativeLoss(phase_n_fft, phase_hop)  # a loss when phase_weight > 0, else a metric
+        if phase_on not in ("output", "spectrum"):
+            raise ValueError(f"phase_on must be 'output' or 'spectrum', got {phase_on!r}")
+        if phase_on == "spectrum" and (config.decoder != "istft" or (phase_n_fft, phase_hop) != (
+                4 * config.istft_hop, config.istft_hop)):
+            raise ValueError("phase_on='spectrum' needs the iSTFT decoder, with phase_n_fft = 4 * istft_hop "
+                             f"({4 * config.istft_hop}) and phase_hop = istft_hop ({config.istft_hop})")
         self.discriminator = (MultiScaleSTFTDiscriminator(disc_n_ffts, config.channels, disc_filters)
                               if adversarial else None)
         self._last_step_end: float | None = None
@@ -108,14 +116,26 @@ class CodecModule(L.LightningModule):
 
     def _load_initial_weights(self, folder: str) -> None:
         """Start from a saved codec (continue training it with fresh optimizer state, e.g. when its
-        run's Lightning checkpoints are gone). Its architecture must be this recipe's."""
+        run's Lightning checkpoints are gone). Its architecture must be this recipe's, except that
+        an istft_phase "angle" codec may start an "angle_vector" one (same function at step 0)."""
         start = Codec.from_pretrained(folder)
         mine, theirs = self.codec.config.to_dict(), start.config.to_dict()
         differ = sorted(k for k in mine if mine[k] != theirs[k])
-        if differ:
+        # One change is allowed: an "angle" iSTFT head grows phase vectors, starting as the same decoder.
+        grows_vectors = differ == ["istft_phase"] and (theirs["istft_phase"], mine["istft_phase"]) == (
+            "angle", "angle_vector") and mine["decoder"] == "istft"
+        if differ and not grows_vectors:
             raise ValueError(f"init_from {folder}: its codec differs from this recipe's in "
                              + ", ".join(f"{k} ({theirs[k]!r} vs {mine[k]!r})" for k in differ))
-        self.codec.load_state_dict(start.state_dict())
+        state = start.state_dict()
+        if grows_vectors:
+            weight, bias = state.pop("decoder.head.weight"), state.pop("decoder.head.bias")
+            missing, unexpected = self.codec.load_state_dict(state, strict=False)
+            if sorted(missing) != ["decoder.head.bias", "decoder.head.weight"] or unexpected:
+                raise ValueError(f"init_from {folder}: unexpected tensors {unexpected} / missing {missing}")
+            self.codec.decoder.from_angle_head(weight, bias)
+        else:
+            self.codec.load_state_dict(state)
 
     # ------------------------------------------------------------------ optimization
 
@@ -173,7 +193,10 @@ class CodecModule(L.LightningModule):
         loss = hp.mel_weight * mel + hp.l1_weight * l1 + commit
         logs = {"train/mel": mel, "train/l1": l1, "train/commit": commit}
         if hp.phase_weight > 0:
-            phase = self.phase_loss(recon, wav)
+            if hp.get("phase_on", "output") == "spectrum":
+                phase = self.phase_loss.on_spectrum(out.spectrum, wav)
+            else:
+                phase = self.phase_loss(recon, wav)
             loss = loss + hp.phase_weight * phase
             logs["train/phase"] = phase
 
@@ -236,6 +259,8 @@ class CodecModule(L.LightningModule):
             "val/si_sdr": si_sdr(recon, wav).mean(),
             "val/l1": waveform_l1(recon, wav),
             "val/phase": self.phase_loss(recon, wav),
+            **({"val/phase_spectrum": self.phase_loss.on_spectrum(out.spectrum, wav)}
+               if out.spectrum is not None and self.hparams.get("phase_on", "output") == "spectrum" else {}),
             "val/commit": out.quantizer.commit_loss,
             "val/kbps": self.codec.bitrate_kbps(),
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 import lightning as L
@@ -63,6 +64,13 @@ def test_phase_loss_sees_phase_not_level(speech_files):
     y = (0.9 * x).requires_grad_(True)
     loss(y, x).backward()
     assert torch.isfinite(y.grad).all()
+    # on_spectrum scores spectra frame-aligned as the iSTFT decoder makes them: the original's own ~ 0
+    frames = x.shape[-1] // 80
+    own = torch.stft(x[0], 320, 80, 320, window, return_complex=True)[..., :frames]
+    assert float(loss.on_spectrum(own, x)) < 0.01
+    assert float(loss.on_spectrum(torch.polar(own.abs(), torch.rand_like(own.real) * 2 * torch.pi), x)) > 0.5
+    with pytest.raises(ValueError, match="does not match this loss's STFT"):
+        loss.on_spectrum(own[:, :-1], x)
 
 
 def test_mel_bands_per_scale():
@@ -261,6 +269,24 @@ def test_init_from_a_saved_codec_continues_its_weights_and_refuses_another_archi
         CodecModule({**config, "n_codebooks": config["n_codebooks"] + 1}, init_from=str(saved))
 
 
+def test_init_from_an_angle_istft_codec_grows_phase_vectors_and_starts_as_it(tmp_path):
+    """istft_phase "angle" -> "angle_vector" is the one architecture change init_from accepts: the
+    new codec decodes exactly as the old one at step 0 and keeps its tokens."""
+    torch.manual_seed(0)
+    config = CodecConfig(**{**TINY.to_dict(), "decoder": "istft", "decoder_dim": 16, "decoder_layers": 1})
+    saved = Codec(config).eval().save_pretrained(tmp_path / "angle")
+    start = Codec.from_pretrained(saved)
+    module = CodecModule({**config.to_dict(), "istft_phase": "angle_vector"}, init_from=str(saved))
+    grown = module.codec.eval()
+    wav = torch.randn(1, 1, 3200) * 0.1
+    codes = start.encode(wav)
+    assert torch.equal(grown.encode(wav), codes)
+    assert torch.allclose(grown.decode(codes), start.decode(codes), atol=1e-5)
+    assert grown.token_fingerprint() == start.token_fingerprint() and grown.fingerprint() != start.fingerprint()
+    with pytest.raises(ValueError, match="differs from this recipe's in istft_phase"):
+        CodecModule(config.to_dict(), init_from=str(grown.save_pretrained(tmp_path / "vector")))
+
+
 def test_decoder_only_fine_tune_keeps_the_tokens(tmp_path, corpus_dir):
     """train_decoder_only: the decoder (and discriminator) learn; encoder weights and the quantizer's
     codebooks and EMA statistics stay bit for bit, so tokens and the token fingerprint are kept."""
@@ -282,3 +308,19 @@ def test_decoder_only_fine_tune_keeps_the_tokens(tmp_path, corpus_dir):
     assert torch.equal(tuned.encode(wav), start.encode(wav))
     with pytest.raises(ValueError, match="train_decoder_only needs init_from"):
         CodecModule(start.config, train_decoder_only=True)
+
+
+def test_phase_loss_on_the_predicted_spectrum(tmp_path, corpus_dir):
+    """phase_on="spectrum" trains on the iSTFT decoder's own spectra (logged, finite) and refuses a
+    decoder or resolution it cannot apply to."""
+    config = CodecConfig(**{**TINY.to_dict(), "decoder": "istft", "decoder_dim": 16, "decoder_layers": 1,
+                            "istft_phase": "angle_vector"})
+    module = CodecModule(config, phase_weight=1.0, phase_on="spectrum", mel_n_ffts=(256, 1024), mel_max_mels=(40, 160))
+    trainer, before, after = _train_20_steps(module, corpus_dir)
+    assert "val/phase_spectrum" in after and math.isfinite(after["val/phase_spectrum"])
+    with pytest.raises(ValueError, match="needs the iSTFT decoder"):
+        CodecModule(TINY, phase_weight=1.0, phase_on="spectrum")
+    with pytest.raises(ValueError, match="phase_n_fft = 4 \\* istft_hop"):
+        CodecModule(config, phase_weight=1.0, phase_on="spectrum", phase_n_fft=512)
+    with pytest.raises(ValueError, match="phase_on must be"):
+        CodecModule(config, phase_on="both")

@@ -128,3 +128,33 @@ def test_codecs_saved_before_the_istft_decoder_keep_loading_with_the_same_finger
     (folder / CONFIG_NAME).write_text(json.dumps(raw))
     loaded = Codec.from_pretrained(folder)
     assert loaded.config.decoder == "seanet" and loaded.fingerprint() == old.fingerprint()
+
+
+def test_angle_vector_head_starts_as_the_angle_head_it_grows_from_and_learns_turns():
+    """from_angle_head: same spectra as the trained angle decoder (x = 1, y = 0); the vector rows
+    get gradients, and turning a vector turns the phase by its angle."""
+    torch.manual_seed(0)
+    angle = ISTFTDecoder(1, latent_dim=8, hop_length=320, istft_hop=80, dim=16, n_layers=2, causal=True)
+    vector = ISTFTDecoder(1, latent_dim=8, hop_length=320, istft_hop=80, dim=16, n_layers=2, causal=True,
+                          phase="angle_vector")
+    state = {k: v for k, v in angle.state_dict().items() if not k.startswith("head.")}
+    vector.load_state_dict(state, strict=False)
+    vector.from_angle_head(angle.head.weight, angle.head.bias)
+    z = torch.randn(2, 8, 6)
+    assert torch.allclose(vector.spectrum(z), angle.spectrum(z), atol=1e-5)
+    assert torch.allclose(vector(z), angle(z), atol=1e-5)
+
+    vector(z).pow(2).sum().backward()
+    grads = vector._head_view(vector.head.weight.grad)
+    assert grads[:, :, 3].abs().sum() > 0  # y rows learn (x rows too: they set the vector's length)
+    with torch.no_grad():  # y = x everywhere: every phase turns by pi / 4
+        vector._head_view(vector.head.bias)[:, :, 3].fill_(1.0)
+    turned = vector.spectrum(z) / angle.spectrum(z)
+    assert torch.allclose(turned.angle(), torch.full_like(turned.real, torch.pi / 4), atol=1e-4)
+
+    with pytest.raises(ValueError, match="needs phase='angle_vector'"):
+        angle.from_angle_head(angle.head.weight, angle.head.bias)
+    with pytest.raises(ValueError, match="an angle head of this decoder"):
+        vector.from_angle_head(vector.head.weight, vector.head.bias)
+    with pytest.raises(ValueError, match="phase must be one of"):
+        ISTFTDecoder(1, latent_dim=8, phase="complex")
