@@ -32,7 +32,7 @@ from codec.data import CodecDataModule
 from codec.discriminator import (MultiScaleSTFTDiscriminator, discriminator_hinge_loss, feature_matching_loss,
                                  generator_hinge_loss)
 from codec.losses import MultiScaleMelLoss, PhaseDerivativeLoss, mel_distance, si_sdr, waveform_l1
-from codec.model import Codec, CodecConfig
+from codec.model import DECODER_SETTINGS, Codec, CodecConfig
 from rvqlm.rng_state import get_rng_state, set_rng_state
 
 
@@ -106,7 +106,7 @@ class CodecModule(L.LightningModule):
         self._originals_written = False
         self._rng_to_restore: dict | None = None
         if init_from is not None:
-            self._load_initial_weights(init_from)
+            self._load_initial_weights(init_from, new_decoder_allowed=train_decoder_only)
         if train_decoder_only:
             if init_from is None:
                 raise ValueError("train_decoder_only needs init_from: a trained codec whose encoder and "
@@ -114,21 +114,30 @@ class CodecModule(L.LightningModule):
             self.codec.encoder.requires_grad_(False)
             self.codec.quantizer.frozen = True
 
-    def _load_initial_weights(self, folder: str) -> None:
+    def _load_initial_weights(self, folder: str, new_decoder_allowed: bool = False) -> None:
         """Start from a saved codec (continue training it with fresh optimizer state, e.g. when its
         run's Lightning checkpoints are gone). Its architecture must be this recipe's, except that
-        an istft_phase "angle" codec may start an "angle_vector" one (same function at step 0)."""
+        an istft_phase "angle" codec may start an "angle_vector" one (same function at step 0), and
+        with `new_decoder_allowed` (train_decoder_only) the decoder settings may differ: the encoder
+        and quantizer are taken, and a new decoder learns their tokens from scratch."""
         start = Codec.from_pretrained(folder)
         mine, theirs = self.codec.config.to_dict(), start.config.to_dict()
         differ = sorted(k for k in mine if mine[k] != theirs[k])
-        # One change is allowed: an "angle" iSTFT head grows phase vectors, starting as the same decoder.
+        # An "angle" iSTFT head may grow phase vectors, starting as the same decoder.
         grows_vectors = differ == ["istft_phase"] and (theirs["istft_phase"], mine["istft_phase"]) == (
             "angle", "angle_vector") and mine["decoder"] == "istft"
-        if differ and not grows_vectors:
+        new_decoder = bool(differ) and not grows_vectors and new_decoder_allowed and set(differ) <= set(DECODER_SETTINGS)
+        if differ and not (grows_vectors or new_decoder):
+            hint = "" if new_decoder_allowed else " (only the decoder may differ, with train_decoder_only)"
             raise ValueError(f"init_from {folder}: its codec differs from this recipe's in "
-                             + ", ".join(f"{k} ({theirs[k]!r} vs {mine[k]!r})" for k in differ))
+                             + ", ".join(f"{k} ({theirs[k]!r} vs {mine[k]!r})" for k in differ) + hint)
         state = start.state_dict()
-        if grows_vectors:
+        if new_decoder:
+            kept = {k: v for k, v in state.items() if not k.startswith("decoder.")}
+            missing, unexpected = self.codec.load_state_dict(kept, strict=False)
+            if unexpected or any(not k.startswith("decoder.") for k in missing):
+                raise ValueError(f"init_from {folder}: unexpected tensors {unexpected} / missing {missing}")
+        elif grows_vectors:
             weight, bias = state.pop("decoder.head.weight"), state.pop("decoder.head.bias")
             missing, unexpected = self.codec.load_state_dict(state, strict=False)
             if sorted(missing) != ["decoder.head.bias", "decoder.head.weight"] or unexpected:

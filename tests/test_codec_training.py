@@ -287,6 +287,27 @@ def test_init_from_an_angle_istft_codec_grows_phase_vectors_and_starts_as_it(tmp
         CodecModule(config.to_dict(), init_from=str(grown.save_pretrained(tmp_path / "vector")))
 
 
+def test_a_new_decoder_for_a_saved_codecs_tokens(tmp_path):
+    """train_decoder_only with other decoder settings: the encoder and quantizer come from init_from
+    (same tokens, same token fingerprint), the decoder starts fresh; without train_decoder_only, or
+    with a setting that shapes the tokens, it is refused."""
+    torch.manual_seed(0)
+    config = CodecConfig(**{**TINY.to_dict(), "decoder": "istft", "decoder_dim": 16, "decoder_layers": 1})
+    saved = Codec(config).eval().save_pretrained(tmp_path / "small")
+    start = Codec.from_pretrained(saved)
+    wider = {**config.to_dict(), "decoder_dim": 24, "decoder_layers": 2}
+    module = CodecModule(wider, init_from=str(saved), train_decoder_only=True)
+    codec = module.codec.eval()
+    wav = torch.randn(1, 1, 3200) * 0.1
+    assert torch.equal(codec.encode(wav), start.encode(wav))
+    assert codec.token_fingerprint() == start.token_fingerprint()
+    assert codec.decoder.head.in_features == 24 and len(codec.decoder.blocks) == 2
+    with pytest.raises(ValueError, match="only the decoder may differ, with train_decoder_only"):
+        CodecModule(wider, init_from=str(saved))
+    with pytest.raises(ValueError, match="latent_dim \\(16 vs 8\\)"):
+        CodecModule({**wider, "latent_dim": 8}, init_from=str(saved), train_decoder_only=True)
+
+
 def test_decoder_only_fine_tune_keeps_the_tokens(tmp_path, corpus_dir):
     """train_decoder_only: the decoder (and discriminator) learn; encoder weights and the quantizer's
     codebooks and EMA statistics stay bit for bit, so tokens and the token fingerprint are kept."""
