@@ -377,7 +377,8 @@ class Codec(nn.Module):
     def accepts_tokens(self, fingerprint: str | None) -> bool:
         """Whether tokens recorded with `fingerprint` are this codec's: its token fingerprint, or (files
         written before token fingerprints existed) its full fingerprint."""
-        return fingerprint is not None and fingerprint in (self.token_fingerprint(), self.fingerprint())
+        # The full fingerprint hashes every decoder weight too: computed only when the token one fails.
+        return fingerprint is not None and (fingerprint == self.token_fingerprint() or fingerprint == self.fingerprint())
 
     def save_pretrained(self, path: str | os.PathLike, discriminator: nn.Module | None = None) -> Path:
         """Write `config.json` + `model.safetensors` (+ `discriminator.safetensors`) to folder `path`.
