@@ -5,7 +5,7 @@ run at up to the full sample rate; on a CPU its small convolutions at 16 kHz cos
 training step, and it learns harmonic structure slowly. This decoder follows Vocos (Siuzdak 2023)
 and WavTokenizer: every layer runs at the codec's frame rate (50 Hz by default) as a stack of
 ConvNeXt blocks; a linear head predicts, per frame, `r = hop_length / istft_hop` short-time
-spectra (log-magnitude and phase per bin, `n_fft = 4 * istft_hop`), and `torch.istft` overlap-adds
+spectra (log-magnitude and phase per bin, `n_fft = 4 * istft_hop` unless set), and `torch.istft` overlap-adds
 them into the waveform. Pitch harmonics are then a matter of putting energy in the right bins,
 which a frame-rate network learns quickly, and the heavy work is a few large matrix products per
 frame instead of thousands of tiny convolutions per second of audio.
@@ -20,10 +20,17 @@ angle + atan2(y, x): a rotation that gradient descent can turn smoothly in any d
 builds such a head from a trained angle head with x = 1, y = 0, so it starts out as exactly that
 decoder (a decoder-only fine-tune can then learn phase corrections).
 
+Window length: the default n_fft = 4 * istft_hop (20 ms at 16 kHz, 50 Hz bins) does not resolve
+the harmonics of a low voice (100 Hz apart: two bins, inside one Hann main lobe): the pitch then
+lives in the phases of neighbouring bins and frames, which a decoder trained on magnitude losses
+does not learn, and its output is a noise-excited spectral envelope (no harmonics in a 64 ms
+spectrogram). Vocos uses a 43 ms window; `n_fft=640` (40 ms, 25 Hz bins) puts each harmonic in
+bins of its own, where a magnitude can carry it.
+
 Causality: with `causal=True` the depthwise convolutions see only past frames. The inverse STFT
 itself adds a look-ahead of at most `n_fft / 2` samples (a centred window of the next short frame
-overlaps the end of the current one): 10 ms with the defaults. The encoder, which decides the
-tokens, is unaffected.
+overlaps the end of the current one): 10 ms with the defaults, 20 ms with n_fft = 640. The
+encoder, which decides the tokens, is unaffected.
 """
 
 from __future__ import annotations
@@ -76,7 +83,7 @@ class ISTFTDecoder(nn.Module):
 
     dim / n_layers / hidden: the ConvNeXt stack's width, depth and MLP width. istft_hop must
     divide hop_length; each latent frame predicts hop_length / istft_hop spectra of
-    n_fft = 4 * istft_hop points (Hann window, 75 % overlap). Magnitudes are exp(log-magnitude)
+    n_fft points (default 4 * istft_hop: Hann window, 75 % overlap). Magnitudes are exp(log-magnitude)
     clipped at 100 (as in Vocos), phases are free angles (`phase="angle"`) or free angles turned by
     the direction of a predicted vector (`phase="angle_vector"`; see the module doc).
     """
@@ -86,7 +93,7 @@ class ISTFTDecoder(nn.Module):
 
     def __init__(self, channels: int = 1, latent_dim: int = 64, hop_length: int = 320, istft_hop: int = 80, *,
                  dim: int = 384, n_layers: int = 8, hidden: int | None = None, kernel_size: int = 7,
-                 causal: bool = False, phase: str = "angle"):
+                 causal: bool = False, phase: str = "angle", n_fft: int | None = None):
         super().__init__()
         if hop_length % istft_hop:
             raise ValueError(f"istft_hop {istft_hop} must divide the codec's hop_length {hop_length}")
@@ -96,7 +103,9 @@ class ISTFTDecoder(nn.Module):
         self.outputs_per_bin = self.PHASES[phase]
         self.channels, self.hop_length, self.istft_hop = channels, hop_length, istft_hop
         self.per_frame = hop_length // istft_hop
-        self.n_fft = 4 * istft_hop
+        self.n_fft = 4 * istft_hop if n_fft is None else n_fft
+        if self.n_fft < 2 * istft_hop or self.n_fft % 2:
+            raise ValueError(f"n_fft must be even and >= 2 * istft_hop ({2 * istft_hop}), got {self.n_fft}")
         self.n_bins = self.n_fft // 2 + 1
         self.embed = nn.Conv1d(latent_dim, dim, kernel_size)
         self.embed_pad = conv_padding(kernel_size, causal)

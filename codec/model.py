@@ -45,10 +45,11 @@ FORMAT_NAME = "rvqlm-codec"
 FORMAT_VERSION = 1
 ENCODERS = ("seanet", "stft")
 DECODERS = ("seanet", "istft")
-ISTFT_ONLY_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop")
+ISTFT_ONLY_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop", "istft_n_fft")
 STFT_ONLY_SETTINGS = ("encoder", "encoder_dim", "encoder_layers", "encoder_hop")
 # Settings that only shape the decoder: they do not enter the token fingerprint.
-DECODER_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop", "istft_phase", "decoder_channels")
+DECODER_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop", "istft_n_fft", "istft_phase",
+                    "decoder_channels")
 ISTFT_PHASES = ("angle", "angle_vector")
 
 
@@ -69,7 +70,10 @@ class CodecConfig:
     about 10x less than uniform usage. `quantizer_dropout` 0.5: half the examples train a random
     bitrate, half the full one (DAC found dropping on every example costs full-bitrate quality).
     `istft_phase` chooses how the iSTFT decoder emits phases (codec/istft_decoder.py): "angle",
-    or "angle_vector" (an angle turned by a predicted 2-D vector's direction).
+    or "angle_vector" (an angle turned by a predicted 2-D vector's direction). `istft_n_fft` is the
+    iSTFT decoder's window and FFT size (None: 4 * istft_hop, 20 ms at the defaults). A longer window
+    resolves pitch harmonics in the predicted magnitudes (640 at 16 kHz: 40 ms, 25 Hz bins) at the
+    cost of look-ahead (istft_n_fft / 2 samples).
     """
 
     sample_rate: int = 16000
@@ -101,6 +105,7 @@ class CodecConfig:
     decoder_dim: int = 384
     decoder_layers: int = 8
     istft_hop: int = 80
+    istft_n_fft: int | None = None
     istft_phase: str = "angle"
 
     def __post_init__(self) -> None:
@@ -130,6 +135,11 @@ class CodecConfig:
             raise ValueError(f"CodecConfig.istft_phase must be one of {ISTFT_PHASES}, got {self.istft_phase!r}")
         if self.decoder == "istft" and self.hop_length % self.istft_hop:
             raise ValueError(f"CodecConfig.istft_hop {self.istft_hop} must divide hop_length {self.hop_length}")
+        n_fft = self.istft_n_fft
+        if n_fft is not None and (isinstance(n_fft, bool) or not isinstance(n_fft, int) or n_fft < 2 * self.istft_hop
+                                  or n_fft % 2):
+            raise ValueError(f"CodecConfig.istft_n_fft must be None or an even integer >= 2 * istft_hop "
+                             f"({2 * self.istft_hop}), got {n_fft!r}")
         if self.sample_rate % self.hop_length:
             raise ValueError(f"sample_rate {self.sample_rate} is not a multiple of hop_length {self.hop_length}; "
                              "frame_rate would not be an integer")
@@ -208,7 +218,7 @@ class Codec(nn.Module):
         if config.decoder == "istft":
             self.decoder = ISTFTDecoder(config.channels, config.latent_dim, config.hop_length, config.istft_hop,
                                         dim=config.decoder_dim, n_layers=config.decoder_layers, causal=config.causal,
-                                        phase=config.istft_phase)
+                                        phase=config.istft_phase, n_fft=config.istft_n_fft)
         else:
             self.decoder = SEANetDecoder(base_channels=config.decoder_channels, **common)
 
@@ -344,6 +354,8 @@ class Codec(nn.Module):
                 settings.pop(key)
         if settings.get("istft_phase") == "angle":
             settings.pop("istft_phase")  # and before the phase options existed
+        if "istft_n_fft" in settings and settings["istft_n_fft"] is None:
+            settings.pop("istft_n_fft")  # and before the window size was a setting
         return settings
 
     @staticmethod

@@ -45,6 +45,25 @@ def test_magnitudes_are_clipped_and_phases_free():
     assert dec.n_fft == 640 and dec.per_frame == 2
 
 
+def test_a_longer_window_is_an_exact_inverse_stft_too_with_its_own_lookahead():
+    """n_fft=640 at istft_hop=160: 321 bins, two spectra per 320-sample frame, overlap-add of the
+    head's spectra (a consistent spectrogram round-trips exactly), look-ahead n_fft / 2."""
+    torch.manual_seed(0)
+    dec = ISTFTDecoder(1, latent_dim=8, hop_length=320, istft_hop=160, dim=16, n_layers=1, causal=True, n_fft=640)
+    assert (dec.n_fft, dec.n_bins, dec.per_frame) == (640, 321, 2)
+    z = torch.randn(1, 8, 12, requires_grad=True)
+    assert dec.spectrum(z).shape == (1, 321, 24)
+    n = 5 * 320 + 100
+    dec(z)[0, 0, n].backward()
+    assert int((z.grad[0].abs().sum(0) > 0).nonzero().max()) == (n + 320) // 320
+    wav = torch.randn(1, 320 * 6) * 0.1
+    spec = torch.stft(wav, 640, hop_length=160, window=dec.window, center=True, return_complex=True)[..., :12]
+    dec.spectrum = lambda z: spec
+    assert torch.allclose(dec(torch.zeros(1, 8, 6))[0, 0], wav[0], atol=1e-5)
+    with pytest.raises(ValueError, match="n_fft must be even and >= 2 \\* istft_hop"):
+        ISTFTDecoder(1, latent_dim=8, hop_length=320, istft_hop=160, n_fft=300)
+
+
 def test_convnext_block_causal_sees_no_future_frames():
     torch.manual_seed(0)
     block = ConvNeXtBlock(8, 24, causal=True)
@@ -98,6 +117,10 @@ def test_config_validation():
         CodecConfig(decoder="istft", istft_hop=96)
     with pytest.raises(ValueError, match="decoder_dim"):
         CodecConfig(decoder="istft", decoder_dim=0)
+    for bad in (100, 641, True):
+        with pytest.raises(ValueError, match="istft_n_fft must be None or an even integer >= 2 \\* istft_hop"):
+            CodecConfig(decoder="istft", istft_hop=80, istft_n_fft=bad)
+    assert Codec(CodecConfig(**{**TINY.to_dict(), "istft_n_fft": 640})).decoder.n_fft == 640
     # A seanet config does not care about istft_hop (it is not used).
     assert CodecConfig(istft_hop=96).decoder == "seanet"
 
@@ -123,6 +146,7 @@ def test_codecs_saved_before_the_istft_decoder_keep_loading_with_the_same_finger
     old = Codec(CodecConfig(**{**TINY.to_dict(), "decoder": "seanet", "decoder_channels": 2}))
     folder = old.save_pretrained(tmp_path / "old")
     raw = json.loads((folder / CONFIG_NAME).read_text())
+    assert "istft_n_fft" in ISTFT_ONLY_SETTINGS
     for key in ISTFT_ONLY_SETTINGS:
         raw.pop(key)
     (folder / CONFIG_NAME).write_text(json.dumps(raw))
