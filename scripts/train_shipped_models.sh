@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
 # Retrains the two shipped models (models/codec-speech-16k, models/lm-speech-16k) with the recipes
 # their model cards name, on the built-in corpus, on this machine's CPU. Hours on 2 cores.
-#   CODEC_STEPS  codec steps (the shipped codec: see models/codec-speech-16k/MODEL_CARD.md)
+#   CODEC_STEPS  base codec steps, recipes/codec_speech_istft.yaml (the shipped codec: 17000)
+#   CODEC_STEPS2 stage 2, the 40 ms-window decoder on the base tokens (codec_speech_long_window.yaml: 2500)
+#   CODEC_STEPS3 stage 3, the whole codec (codec_speech_long_window_joint.yaml: 5000; 0: stop after
+#                the base codec and ship it, as before 2026-11-30)
 #   LM_STEPS     LM stage-1 steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
 #   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; 0: none)
 # Training is reproducible up to float non-determinism across thread counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CODEC_STEPS=${CODEC_STEPS:?set CODEC_STEPS}
+CODEC_STEPS2=${CODEC_STEPS2:-2500}
+CODEC_STEPS3=${CODEC_STEPS3:-5000}
 LM_STEPS=${LM_STEPS:?set LM_STEPS}
 LM_STEPS2=${LM_STEPS2:-0}
 RVQLM=.venv/bin/rvqlm
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
+last_run() { ls -d "runs/$1"/version_* | sort -V | tail -1; }
+
 $RVQLM corpus prepare
 $RVQLM train-codec --config recipes/codec_speech_istft.yaml --trainer.max_steps "$CODEC_STEPS" --trainer.max_time null
-run=$(ls -d runs/codec_speech_istft/version_* | sort -V | tail -1)
-$RVQLM export-codec "$run/checkpoints/last.ckpt" models/codec-speech-16k
-fp=$(.venv/bin/python -c "from codec import Codec; print(Codec.from_pretrained('models/codec-speech-16k').fingerprint()[:12])")
+if [ "$CODEC_STEPS3" -gt 0 ]; then
+  $RVQLM export-codec "$(last_run codec_speech_istft)/checkpoints/last.ckpt" runs/codec_speech_istft/export
+  $RVQLM train-codec --config recipes/codec_speech_long_window.yaml --trainer.max_steps "$CODEC_STEPS2"
+  $RVQLM export-codec "$(last_run codec_speech_long_window)/checkpoints/last.ckpt" runs/codec_speech_long_window/stage1
+  $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --trainer.max_steps "$CODEC_STEPS3"
+  $RVQLM export-codec "$(last_run codec_speech_long_window_joint)/checkpoints/last.ckpt" models/codec-speech-16k
+else
+  $RVQLM export-codec "$(last_run codec_speech_istft)/checkpoints/last.ckpt" models/codec-speech-16k
+fi
+fp=$(.venv/bin/python -c "from codec import Codec; print(Codec.from_pretrained('models/codec-speech-16k').token_fingerprint()[:12])")
 tokens=data/tokens/fillets-cs-16k-$fp
 $RVQLM tokenize data/fillets-cs-16k "$tokens" --codec models/codec-speech-16k
 $RVQLM train-lm --config recipes/lm_speech.yaml --data.tokens_dir "$tokens" --trainer.max_steps "$LM_STEPS" \
