@@ -23,8 +23,8 @@ decoder (a decoder-only fine-tune can then learn phase corrections).
 Window length: the default n_fft = 4 * istft_hop (20 ms at 16 kHz, 50 Hz bins) does not resolve
 the harmonics of a low voice (100 Hz apart: two bins, inside one Hann main lobe): the pitch then
 lives in the phases of neighbouring bins and frames, which a decoder trained on magnitude losses
-does not learn, and its output is a noise-excited spectral envelope (no harmonics in a 64 ms
-spectrogram). Vocos uses a 43 ms window; `n_fft=640` (40 ms, 25 Hz bins) puts each harmonic in
+does not learn, and for such a voice its output is a noise-excited spectral envelope (no
+harmonics in a 64 ms spectrogram). Vocos uses a 43 ms window; `n_fft=640` (40 ms, 25 Hz bins) puts each harmonic in
 bins of its own, where a magnitude can carry it.
 
 Causality: with `causal=True` the depthwise convolutions see only past frames. The inverse STFT

@@ -341,7 +341,12 @@ def test_phase_loss_on_the_predicted_spectrum(tmp_path, corpus_dir):
     assert "val/phase_spectrum" in after and math.isfinite(after["val/phase_spectrum"])
     with pytest.raises(ValueError, match="needs the iSTFT decoder"):
         CodecModule(TINY, phase_weight=1.0, phase_on="spectrum")
-    with pytest.raises(ValueError, match="phase_n_fft = 4 \\* istft_hop"):
+    with pytest.raises(ValueError, match="phase_n_fft = its istft_n_fft \\(320\\)"):
         CodecModule(config, phase_weight=1.0, phase_on="spectrum", phase_n_fft=512)
+    # A decoder with a longer window needs the phase loss at that window.
+    long_window = CodecConfig(**{**config.to_dict(), "istft_n_fft": 640})
+    with pytest.raises(ValueError, match="phase_n_fft = its istft_n_fft \\(640\\)"):
+        CodecModule(long_window, phase_weight=1.0, phase_on="spectrum", phase_n_fft=320)
+    CodecModule(long_window, phase_weight=1.0, phase_on="spectrum", phase_n_fft=640)
     with pytest.raises(ValueError, match="phase_on must be"):
         CodecModule(config, phase_on="both")
