@@ -149,6 +149,11 @@ class CodecConfig:
         return math.prod(self.strides)
 
     @property
+    def istft_window(self) -> int:
+        """The iSTFT decoder's n_fft: `istft_n_fft`, or 4 * istft_hop when unset."""
+        return self.istft_n_fft or 4 * self.istft_hop
+
+    @property
     def frame_rate(self) -> int:
         return self.sample_rate // self.hop_length
 
@@ -218,7 +223,7 @@ class Codec(nn.Module):
         if config.decoder == "istft":
             self.decoder = ISTFTDecoder(config.channels, config.latent_dim, config.hop_length, config.istft_hop,
                                         dim=config.decoder_dim, n_layers=config.decoder_layers, causal=config.causal,
-                                        phase=config.istft_phase, n_fft=config.istft_n_fft)
+                                        phase=config.istft_phase, n_fft=config.istft_window)
         else:
             self.decoder = SEANetDecoder(base_channels=config.decoder_channels, **common)
 
@@ -354,7 +359,7 @@ class Codec(nn.Module):
                 settings.pop(key)
         if settings.get("istft_phase") == "angle":
             settings.pop("istft_phase")  # and before the phase options existed
-        if "istft_n_fft" in settings and settings["istft_n_fft"] is None:
+        if settings.get("istft_n_fft", 0) is None:
             settings.pop("istft_n_fft")  # and before the window size was a setting
         return settings
 

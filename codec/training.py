@@ -96,11 +96,10 @@ class CodecModule(L.LightningModule):
         self.phase_loss = PhaseDerivativeLoss(phase_n_fft, phase_hop)  # a loss when phase_weight > 0, else a metric
         if phase_on not in ("output", "spectrum"):
             raise ValueError(f"phase_on must be 'output' or 'spectrum', got {phase_on!r}")
-        istft_n_fft = config.istft_n_fft or 4 * config.istft_hop
         if phase_on == "spectrum" and (config.decoder != "istft" or (phase_n_fft, phase_hop) != (
-                istft_n_fft, config.istft_hop)):
+                config.istft_window, config.istft_hop)):
             raise ValueError("phase_on='spectrum' needs the iSTFT decoder, with phase_n_fft = its istft_n_fft "
-                             f"({istft_n_fft}) and phase_hop = istft_hop ({config.istft_hop})")
+                             f"({config.istft_window}) and phase_hop = istft_hop ({config.istft_hop})")
         self.discriminator = (MultiScaleSTFTDiscriminator(disc_n_ffts, config.channels, disc_filters)
                               if adversarial else None)
         self._last_step_end: float | None = None
