@@ -30,9 +30,9 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from codec.audio import save_audio
 from codec.data import CodecDataModule
 from codec.discriminator import (MultiScaleSTFTDiscriminator, discriminator_hinge_loss, feature_matching_loss,
-                                 generator_hinge_loss)
+                                 generator_hinge_loss, load_discriminator)
 from codec.losses import MultiScaleMelLoss, PhaseDerivativeLoss, mel_distance, si_sdr, waveform_l1
-from codec.model import DECODER_SETTINGS, Codec, CodecConfig
+from codec.model import DECODER_SETTINGS, DISCRIMINATOR_NAME, Codec, CodecConfig
 from rvqlm.rng_state import get_rng_state, set_rng_state
 
 
@@ -315,10 +315,19 @@ def export_pretrained(module: CodecModule, dest: str | Path, checkpoint: str | P
     return module.codec.save_pretrained(dest, discriminator=module.discriminator)
 
 
-def export_checkpoint(checkpoint: str | Path, dest: str | Path) -> Path:
+def export_checkpoint(checkpoint: str | Path, dest: str | Path, decoder_dtype: str | None = None) -> Path:
     """Export any Lightning checkpoint of a codec run (e.g. `last.ckpt` of a run still going) to a
-    `from_pretrained` folder, discriminator included. Loads with weights_only=True (no pickle)."""
+    `from_pretrained` folder, discriminator included. Loads with weights_only=True (no pickle).
+
+    `checkpoint` may also be a saved codec folder: it is written again, e.g. with its decoder in
+    half precision (`decoder_dtype`, see `Codec.save_pretrained`; the tokens stay the same).
+    """
     checkpoint = Path(checkpoint)
+    if checkpoint.is_dir():
+        codec = Codec.from_pretrained(checkpoint)
+        disc_path = checkpoint / DISCRIMINATOR_NAME
+        discriminator = load_discriminator(disc_path) if disc_path.is_file() else None
+        return codec.save_pretrained(dest, discriminator=discriminator, decoder_dtype=decoder_dtype)
     if not checkpoint.is_file():
         raise FileNotFoundError(f"no checkpoint at {checkpoint}")
     try:
@@ -331,7 +340,7 @@ def export_checkpoint(checkpoint: str | Path, dest: str | Path) -> Path:
     accepted = inspect.signature(CodecModule.__init__).parameters
     module = CodecModule(**{k: v for k, v in ckpt["hyper_parameters"].items() if k in accepted and k != "self"})
     module.load_state_dict(ckpt["state_dict"])
-    return module.codec.save_pretrained(dest, discriminator=module.discriminator)
+    return module.codec.save_pretrained(dest, discriminator=module.discriminator, decoder_dtype=decoder_dtype)
 
 
 class CodecCLI(LightningCLI):

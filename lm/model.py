@@ -294,11 +294,16 @@ class MultiCodebookLM(nn.Module):
 
         return generate(self, prompt_codes, max_new_frames, **kwargs)
 
-    def save_pretrained(self, path: str | Path) -> Path:
+    def save_pretrained(self, path: str | Path, dtype: str | None = None) -> Path:
         """Write folder `path`: config.json (the LMConfig) + model.safetensors (weights), each atomically.
 
         The weights file carries the config in its metadata too, so a folder mixing two saves is caught.
+        dtype: store floating-point weights as "float16" or "bfloat16" (None / "float32": exactly);
+        half the file, and `from_pretrained` loads them back as float32.
         """
+        storage = {None: None, "float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
+        if dtype not in storage:
+            raise ValueError(f"dtype must be one of float32, float16, bfloat16; got {dtype!r}")
         from safetensors.torch import save_file
 
         from rvqlm.atomic import atomic_path, atomic_write_json
@@ -310,6 +315,8 @@ class MultiCodebookLM(nn.Module):
         config = {"model_type": MODEL_TYPE, "format_version": FORMAT_VERSION, "config": self.cfg.to_dict()}
         config_json = json.dumps(config, sort_keys=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        if storage[dtype] is not None:
+            state = {k: v.to(storage[dtype]) if v.is_floating_point() else v for k, v in state.items()}
         with atomic_path(path / WEIGHTS_FILE) as tmp:
             save_file(state, str(tmp), metadata={"rvqlm_config": config_json})
         atomic_write_json(path / CONFIG_FILE, config)
@@ -359,5 +366,9 @@ class MultiCodebookLM(nn.Module):
             if tensor.shape != expected[name].shape:
                 raise ValueError(f"{weights_path}: {name} has shape {tuple(tensor.shape)}, "
                                  f"the config needs {tuple(expected[name].shape)}")
-        model.load_state_dict(state)
+            if tensor.dtype != expected[name].dtype and not (
+                    expected[name].is_floating_point() and tensor.dtype in (torch.float16, torch.bfloat16)):
+                raise ValueError(f"{weights_path}: {name} has dtype {tensor.dtype}, expected {expected[name].dtype}")
+        # Weights saved in half precision (save_pretrained's dtype) load back as float32.
+        model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
         return model.to(map_location)

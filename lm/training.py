@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from lm.config import LMConfig
 from lm.data import TokenDataModule, TokenFiles, ValidWindows
-from lm.model import MultiCodebookLM
+from lm.model import CONFIG_FILE, WEIGHTS_FILE, MultiCodebookLM
 from rvqlm.atomic import atomic_path
 from rvqlm.rng_state import get_rng_state, set_rng_state
 
@@ -250,13 +250,20 @@ class LMTrainingModule(pl.LightningModule):
             export_pretrained(self.model, Path(self.trainer.default_root_dir) / "pretrained")
 
 
-def export_pretrained(model: MultiCodebookLM, dest: Path) -> Path:
-    """save_pretrained into `dest`, replacing any previous export only once the new one is complete."""
+def export_pretrained(model: MultiCodebookLM, dest: Path, dtype: str | None = None) -> Path:
+    """save_pretrained into `dest` (weights stored as `dtype`, see `MultiCodebookLM.save_pretrained`),
+    replacing any previous export only once the new one is complete. A `dest` holding other files
+    (a model card, figures) is refused rather than replaced with them."""
     dest = Path(dest)
+    if dest.exists():
+        foreign = sorted(p.name for p in dest.iterdir() if p.name not in (CONFIG_FILE, WEIGHTS_FILE)) \
+            if dest.is_dir() else [dest.name]
+        if foreign:
+            raise FileExistsError(f"refusing to replace {dest}: it holds files that are not a saved LM {foreign}")
     tmp = dest.with_name(f".{dest.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, dtype=dtype)
     old = dest.with_name(f".{dest.name}.old")
     if dest.exists():
         if old.exists():

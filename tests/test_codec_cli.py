@@ -132,6 +132,10 @@ def test_export_codec_from_a_lightning_checkpoint(tmp_path, speech_files):
     assert main(["export-codec", str(tmp_path / "run.ckpt"), str(tmp_path / "out")]) == 0
     codec = Codec.from_pretrained(tmp_path / "out")
     assert codec.fingerprint() == module.codec.fingerprint()
+    # A saved codec folder is written again, its decoder in half precision: same tokens.
+    assert main(["export-codec", str(tmp_path / "out"), str(tmp_path / "half"), "--decoder-dtype", "float16"]) == 0
+    half = Codec.from_pretrained(tmp_path / "half")
+    assert half.token_fingerprint() == codec.token_fingerprint() and half.fingerprint() != codec.fingerprint()
     (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
     assert main(["export-codec", str(tmp_path / "junk.ckpt"), str(tmp_path / "out2")]) == 2
     assert not (tmp_path / "out2").exists()

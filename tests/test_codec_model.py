@@ -95,6 +95,54 @@ def test_save_load_round_trip(codec, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_decoder_keeps_the_tokens_and_halves_the_file(codec, tmp_path, dtype):
+    """save_pretrained(decoder_dtype=...) stores the decoder's floats in half precision and the
+    encoder and quantizer exactly: the loaded codec is float32, makes the same tokens (same token
+    fingerprint), decodes within half-precision rounding, and its fingerprint is the one recorded."""
+    from safetensors import safe_open
+
+    wav = torch.randn(2, 1, 1600) * 0.1
+    codes = codec.encode(wav)
+    full = codec.save_pretrained(tmp_path / "full")
+    half = codec.save_pretrained(tmp_path / "half", decoder_dtype=dtype)
+    stored = load_file(str(half / WEIGHTS_NAME))
+    for name, tensor in stored.items():
+        original = codec.state_dict()[name]
+        want = getattr(torch, dtype) if name.startswith("decoder.") and original.is_floating_point() else original.dtype
+        assert tensor.dtype == want, name
+        if not name.startswith("decoder."):
+            assert torch.equal(tensor, original), name
+    decoder_bytes = sum(v.numel() * 4 for k, v in codec.state_dict().items() if k.startswith("decoder."))
+    saved = (full / WEIGHTS_NAME).stat().st_size - (half / WEIGHTS_NAME).stat().st_size
+    assert saved >= 0.45 * decoder_bytes  # about half of the decoder's float32 bytes
+
+    loaded = Codec.from_pretrained(half)
+    assert all(v.dtype == codec.state_dict()[k].dtype for k, v in loaded.state_dict().items())
+    assert loaded.token_fingerprint() == codec.token_fingerprint()
+    assert loaded.fingerprint() != codec.fingerprint()
+    with safe_open(str(half / WEIGHTS_NAME), framework="pt") as f:
+        assert f.metadata()["fingerprint"] == loaded.fingerprint()
+    assert torch.equal(loaded.encode(wav), codes)
+    exact, rounded = codec.decode(codes), loaded.decode(codes)
+    assert not torch.equal(exact, rounded)
+    tolerance = 3e-2 if dtype == "bfloat16" else 3e-3
+    assert (rounded - exact).abs().max() <= tolerance * exact.abs().max()
+    with pytest.raises(ValueError, match="decoder_dtype must be one of"):
+        codec.save_pretrained(tmp_path / "bad", decoder_dtype="int8")
+
+
+def test_half_precision_outside_the_decoder_is_refused(codec, tmp_path):
+    """Only the decoder may be stored in half precision: a rounded encoder would change the tokens."""
+    path = codec.save_pretrained(tmp_path / "c")
+    state = load_file(str(path / WEIGHTS_NAME))
+    name = next(k for k, v in state.items() if k.startswith("encoder.") and v.is_floating_point())
+    state[name] = state[name].half()
+    save_file(state, str(path / WEIGHTS_NAME))
+    with pytest.raises(ValueError, match=f"{name} has dtype torch.float16"):
+        Codec.from_pretrained(path)
+
+
 def test_fingerprint_depends_on_weights_and_config(codec):
     other = Codec(TINY)
     assert other.fingerprint() != codec.fingerprint()

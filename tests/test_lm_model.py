@@ -393,6 +393,40 @@ def test_save_and_load_round_trip_gives_equal_outputs(tmp_path, overrides):
     torch.testing.assert_close(loaded.log_likelihood(codes), model.log_likelihood(codes), rtol=0, atol=0)
 
 
+def test_half_precision_save_loads_back_as_float32(tmp_path):
+    """save_pretrained(dtype="float16") halves the weights file; it loads as a float32 model whose
+    log-likelihoods are within half-precision rounding of the original's."""
+    from safetensors.torch import load_file
+
+    model = MultiCodebookLM(tiny()).eval()
+    full = model.save_pretrained(tmp_path / "full")
+    half = model.save_pretrained(tmp_path / "half", dtype="float16")
+    assert {v.dtype for v in load_file(str(half / "model.safetensors")).values()} == {torch.float16}
+    assert (half / "model.safetensors").stat().st_size < 0.55 * (full / "model.safetensors").stat().st_size
+    loaded = MultiCodebookLM.from_pretrained(half).eval()
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+    codes = torch.randint(0, loaded.cfg.codebook_size, (2, loaded.cfg.n_codebooks, 8))
+    exact, rounded = model.log_likelihood(codes), loaded.log_likelihood(codes)
+    assert not torch.equal(exact, rounded)
+    torch.testing.assert_close(rounded, exact, rtol=0, atol=2e-2)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        model.save_pretrained(tmp_path / "bad", dtype="int8")
+
+
+def test_export_lm_writes_half_precision_and_keeps_other_files(tmp_path, capsys):
+    """`rvqlm export-lm SRC OUT --dtype float16`; an OUT holding a model card is refused, not wiped."""
+    from rvqlm.cli import main
+
+    model = MultiCodebookLM(tiny()).eval()
+    src = model.save_pretrained(tmp_path / "src")
+    assert main(["export-lm", str(src), str(tmp_path / "out"), "--dtype", "float16"]) == 0
+    assert MultiCodebookLM.from_pretrained(tmp_path / "out").cfg == model.cfg
+    (tmp_path / "out" / "MODEL_CARD.md").write_text("card")
+    assert main(["export-lm", str(src), str(tmp_path / "out")]) == 2
+    assert "MODEL_CARD.md" in capsys.readouterr().err
+    assert (tmp_path / "out" / "MODEL_CARD.md").read_text() == "card"
+
+
 def test_from_pretrained_refuses_bad_folders_clearly(tmp_path):
     """Bad checkpoints get a message that says what is wrong, never a traceback from deep inside."""
     with pytest.raises(FileNotFoundError, match="no LM folder"):

@@ -24,8 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train)
 
     p = sub.add_parser("export-codec", help="Lightning checkpoint of a codec run -> from_pretrained folder")
-    p.add_argument("checkpoint", help="e.g. runs/codec_speech/version_0/checkpoints/last.ckpt")
+    p.add_argument("checkpoint", help="e.g. runs/codec_speech/version_0/checkpoints/last.ckpt, or a saved "
+                                      "codec folder to write again (e.g. with --decoder-dtype float16)")
     p.add_argument("output", help="folder to write (config.json, model.safetensors, discriminator.safetensors)")
+    p.add_argument("--decoder-dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                   help="store the decoder's weights in this precision (half the file with float16; they "
+                        "load as float32; the encoder and quantizer, hence the tokens, are always exact)")
     p.set_defaults(func=_export)
 
     p = sub.add_parser("reconstruct", help="encode and decode an audio file (hear what the codec keeps)")
@@ -65,7 +69,7 @@ def _train(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from codec.training import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.output)
+    out = export_checkpoint(args.checkpoint, args.output, decoder_dtype=args.decoder_dtype)
     print(f"exported {args.checkpoint} -> {out}")
     return 0
 

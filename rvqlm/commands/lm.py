@@ -1,7 +1,9 @@
-"""`rvqlm train-lm` and `rvqlm eval-lm`: train the token LM from a recipe, score it on held-out tokens.
+"""`rvqlm train-lm`, `eval-lm` and `export-lm`: train the token LM from a recipe, score it on held-out
+tokens, write it again (half precision for shipping).
 
     rvqlm train-lm --config recipes/lm_speech.yaml [--trainer.max_steps 2000] [--ckpt_path last]
     rvqlm eval-lm --lm runs/lm_speech/pretrained --tokens data/tokens/fillets-cs-16k --split valid
+    rvqlm export-lm runs/lm_speech/pretrained models/lm-speech-16k --dtype float16
 """
 
 from __future__ import annotations
@@ -40,11 +42,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--json", dest="json_out", default=None, help="also write the figures to this JSON file")
     ev.set_defaults(func=_eval)
 
+    ex = sub.add_parser("export-lm", help="write an LM folder again, e.g. with half-precision weights",
+                        description="Load an LM folder (save_pretrained) and write it to OUTPUT, its "
+                                    "floating-point weights stored as --dtype (float16: half the file; they "
+                                    "load back as float32).")
+    ex.add_argument("lm", help="an LM folder written by save_pretrained (e.g. RUN/pretrained)")
+    ex.add_argument("output", help="the folder to write (replaced only once the new one is complete)")
+    ex.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    ex.set_defaults(func=_export)
+
 
 def _train(args: argparse.Namespace) -> int:
     from lm.training import train_main
 
     return train_main(args.lightning_args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from lm.model import MultiCodebookLM
+    from lm.training import export_pretrained
+
+    out = export_pretrained(MultiCodebookLM.from_pretrained(args.lm), args.output, dtype=args.dtype)
+    print(f"exported {args.lm} -> {out} ({args.dtype})")
+    return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
