@@ -4,7 +4,9 @@
 #   CODEC_STEPS  base codec steps, recipes/codec_speech_istft.yaml (the shipped codec: 17000)
 #   CODEC_STEPS2 stage 2, the 40 ms-window decoder on the base tokens (codec_speech_long_window.yaml: 2500)
 #   CODEC_STEPS3 stage 3, the whole codec (codec_speech_long_window_joint.yaml: 5000; 0: stop after
-#                the base codec and ship it, as before 2026-11-30)
+#                the base codec and ship it, as before 2026-11-30); then the same run resumed for a
+#                second lr cycle to step 9000 (cool-down 7500-9000), and stage 4, one more cycle from
+#                there (codec_speech_cycle.yaml, 6000 steps)
 #   LM_STEPS     LM stage-1 steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
 #   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; 0: none)
 # Training is reproducible up to float non-determinism across thread counts.
@@ -27,10 +29,19 @@ if [ "$CODEC_STEPS3" -gt 0 ]; then
   $RVQLM train-codec --config recipes/codec_speech_long_window.yaml --trainer.max_steps "$CODEC_STEPS2"
   $RVQLM export-codec "$(last_run codec_speech_long_window)/checkpoints/last.ckpt" runs/codec_speech_long_window/stage1
   $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --trainer.max_steps "$CODEC_STEPS3"
-  $RVQLM export-codec "$(last_run codec_speech_long_window_joint)/checkpoints/last.ckpt" models/codec-speech-16k
+  joint=$(last_run codec_speech_long_window_joint)
+  $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --trainer.max_steps 9000 \
+      --model.lr_decay_start 7500 --model.lr_decay_steps 1500 --ckpt_path "$joint/checkpoints/last.ckpt"
+  $RVQLM export-codec "$(last_run codec_speech_long_window_joint)/checkpoints/last.ckpt" runs/codec_speech_long_window_joint/stage3
+  $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --config recipes/codec_speech_cycle.yaml
+  final="$(last_run codec_speech_cycle)/checkpoints/last.ckpt"
 else
-  $RVQLM export-codec "$(last_run codec_speech_istft)/checkpoints/last.ckpt" models/codec-speech-16k
+  final="$(last_run codec_speech_istft)/checkpoints/last.ckpt"
 fi
+# The shipped folder also holds the card and figures: write the weights beside it, then copy them in.
+rm -rf runs/shipped-codec
+$RVQLM export-codec "$final" runs/shipped-codec --decoder-dtype float16
+cp runs/shipped-codec/config.json runs/shipped-codec/model.safetensors models/codec-speech-16k/
 fp=$(.venv/bin/python -c "from codec import Codec; print(Codec.from_pretrained('models/codec-speech-16k').token_fingerprint()[:12])")
 tokens=data/tokens/fillets-cs-16k-$fp
 $RVQLM tokenize data/fillets-cs-16k "$tokens" --codec models/codec-speech-16k
@@ -42,5 +53,7 @@ if [ "$LM_STEPS2" -gt 0 ]; then
       --model.init_from "$lm" --trainer.max_steps "$LM_STEPS2" --model.total_steps "$LM_STEPS2"
   lm=runs/lm_speech_stage2/pretrained
 fi
-rm -rf models/lm-speech-16k && cp -r "$lm" models/lm-speech-16k
+rm -rf runs/shipped-lm
+$RVQLM export-lm "$lm" runs/shipped-lm --dtype float16
+cp runs/shipped-lm/config.json runs/shipped-lm/model.safetensors models/lm-speech-16k/
 $RVQLM eval-lm --lm models/lm-speech-16k --tokens "$tokens" --split valid --unigram
