@@ -8,7 +8,8 @@
 #                second lr cycle to step 9000 (cool-down 7500-9000), and stage 4, one more cycle from
 #                there (codec_speech_cycle.yaml, 6000 steps)
 #   LM_STEPS     LM stage-1 steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
-#   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; 0: none)
+#   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; the shipped LM:
+#                300; 0: none)
 # Training is reproducible up to float non-determinism across thread counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
