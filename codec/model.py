@@ -39,7 +39,8 @@ from codec.istft_decoder import ISTFTDecoder
 from codec.stft_encoder import STFTEncoder
 from codec.modules import SEANetDecoder, SEANetEncoder
 from codec.quantizer import QuantizerOutput, ResidualVectorQuantizer
-from rvqlm.atomic import usual_permissions
+from rvqlm.atomic import refuse_foreign_folder, usual_permissions
+from rvqlm.weight_dtype import loads_as, storage_dtype
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -414,14 +415,9 @@ class Codec(nn.Module):
         quantizer are stored exactly, so `token_fingerprint()` is the same before and after. The
         file's `fingerprint` metadata is that of the codec as it will load.
         """
-        dtype = _storage_dtype(decoder_dtype)
+        dtype = storage_dtype(decoder_dtype, "decoder_dtype")
         dest = Path(path)
-        if dest.exists():
-            if not dest.is_dir():
-                raise FileExistsError(f"{dest} exists and is not a folder")
-            foreign = sorted(p.name for p in dest.iterdir() if p.name not in (CONFIG_NAME, WEIGHTS_NAME, DISCRIMINATOR_NAME))
-            if foreign:
-                raise FileExistsError(f"refusing to replace {dest}: it holds files that are not a saved codec {foreign}")
+        refuse_foreign_folder(dest, (CONFIG_NAME, WEIGHTS_NAME, DISCRIMINATOR_NAME), "a saved codec")
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
         try:
@@ -484,20 +480,6 @@ class Codec(nn.Module):
         return model.to(map_location).eval()
 
 
-# Float dtypes a saved decoder tensor may have; each loads back as the model's float32.
-HALF_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def _storage_dtype(name: torch.dtype | str | None) -> torch.dtype:
-    if name is None or name in ("float32", torch.float32):
-        return torch.float32
-    if isinstance(name, torch.dtype) and name in HALF_DTYPES.values():
-        return name
-    if isinstance(name, str) and name in HALF_DTYPES:
-        return HALF_DTYPES[name]
-    raise ValueError(f"decoder_dtype must be one of float32, {', '.join(HALF_DTYPES)}; got {name!r}")
-
-
 def _cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
 
@@ -515,8 +497,7 @@ def _check_state(expected: dict[str, torch.Tensor], found: dict[str, torch.Tenso
         if expected[name].shape != found[name].shape:
             problems.append(f"{name} has shape {tuple(found[name].shape)}, the config needs {tuple(expected[name].shape)}")
         elif expected[name].dtype != found[name].dtype and not (
-                name.startswith("decoder.") and expected[name].dtype == torch.float32
-                and found[name].dtype in HALF_DTYPES.values()):
+                name.startswith("decoder.") and loads_as(found[name].dtype, expected[name].dtype)):
             problems.append(f"{name} has dtype {found[name].dtype}, expected {expected[name].dtype}")
     if problems:
         raise ValueError(f"{source} does not match its config.json: " + "; ".join(problems[:8]))

@@ -301,12 +301,12 @@ class MultiCodebookLM(nn.Module):
         dtype: store floating-point weights as "float16" or "bfloat16" (None / "float32": exactly);
         half the file, and `from_pretrained` loads them back as float32.
         """
-        storage = {None: None, "float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
-        if dtype not in storage:
-            raise ValueError(f"dtype must be one of float32, float16, bfloat16; got {dtype!r}")
         from safetensors.torch import save_file
 
         from rvqlm.atomic import atomic_path, atomic_write_json
+        from rvqlm.weight_dtype import storage_dtype
+
+        stored_as = storage_dtype(dtype)
 
         path = Path(path)
         if path.exists() and not path.is_dir():
@@ -315,8 +315,8 @@ class MultiCodebookLM(nn.Module):
         config = {"model_type": MODEL_TYPE, "format_version": FORMAT_VERSION, "config": self.cfg.to_dict()}
         config_json = json.dumps(config, sort_keys=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        if storage[dtype] is not None:
-            state = {k: v.to(storage[dtype]) if v.is_floating_point() else v for k, v in state.items()}
+        if stored_as != torch.float32:
+            state = {k: v.to(stored_as) if v.is_floating_point() else v for k, v in state.items()}
         with atomic_path(path / WEIGHTS_FILE) as tmp:
             save_file(state, str(tmp), metadata={"rvqlm_config": config_json})
         atomic_write_json(path / CONFIG_FILE, config)
@@ -327,6 +327,8 @@ class MultiCodebookLM(nn.Module):
         """Load a folder written by save_pretrained. Raises FileNotFoundError / ValueError with the reason."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file, safe_open
+
+        from rvqlm.weight_dtype import loads_as
 
         path = Path(path)
         if not path.is_dir():
@@ -366,8 +368,7 @@ class MultiCodebookLM(nn.Module):
             if tensor.shape != expected[name].shape:
                 raise ValueError(f"{weights_path}: {name} has shape {tuple(tensor.shape)}, "
                                  f"the config needs {tuple(expected[name].shape)}")
-            if tensor.dtype != expected[name].dtype and not (
-                    expected[name].is_floating_point() and tensor.dtype in (torch.float16, torch.bfloat16)):
+            if not loads_as(tensor.dtype, expected[name].dtype):
                 raise ValueError(f"{weights_path}: {name} has dtype {tensor.dtype}, expected {expected[name].dtype}")
         # Weights saved in half precision (save_pretrained's dtype) load back as float32.
         model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from lm.config import LMConfig
 from lm.data import TokenDataModule, TokenFiles, ValidWindows
 from lm.model import CONFIG_FILE, WEIGHTS_FILE, MultiCodebookLM
-from rvqlm.atomic import atomic_path
+from rvqlm.atomic import atomic_path, refuse_foreign_folder
 from rvqlm.rng_state import get_rng_state, set_rng_state
 
 # ---- measurement ------------------------------------------------------------------------------------
@@ -255,11 +255,7 @@ def export_pretrained(model: MultiCodebookLM, dest: Path, dtype: str | None = No
     replacing any previous export only once the new one is complete. A `dest` holding other files
     (a model card, figures) is refused rather than replaced with them."""
     dest = Path(dest)
-    if dest.exists():
-        foreign = sorted(p.name for p in dest.iterdir() if p.name not in (CONFIG_FILE, WEIGHTS_FILE)) \
-            if dest.is_dir() else [dest.name]
-        if foreign:
-            raise FileExistsError(f"refusing to replace {dest}: it holds files that are not a saved LM {foreign}")
+    refuse_foreign_folder(dest, (CONFIG_FILE, WEIGHTS_FILE), "a saved LM")
     tmp = dest.with_name(f".{dest.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

@@ -81,3 +81,16 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def refuse_foreign_folder(dest: str | os.PathLike, allowed: tuple[str, ...], what: str) -> None:
+    """Raise FileExistsError if `dest` exists and is not a folder holding only `allowed` files: a
+    save that replaces a whole folder must not take a model card or figures with it."""
+    dest = Path(dest)
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise FileExistsError(f"{dest} exists and is not a folder")
+    foreign = sorted(p.name for p in dest.iterdir() if p.name not in allowed)
+    if foreign:
+        raise FileExistsError(f"refusing to replace {dest}: it holds files that are not {what} {foreign}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from rvqlm.weight_dtype import STORAGE_DTYPES
+
 #: Whole-file commands hold the signal and the decoder's activations in memory; longer files
 #: belong to `rvqlm tokenize` (chunked).
 MAX_SECONDS = 180.0
@@ -27,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", help="e.g. runs/codec_speech/version_0/checkpoints/last.ckpt, or a saved "
                                       "codec folder to write again (e.g. with --decoder-dtype float16)")
     p.add_argument("output", help="folder to write (config.json, model.safetensors, discriminator.safetensors)")
-    p.add_argument("--decoder-dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+    p.add_argument("--decoder-dtype", choices=STORAGE_DTYPES, default="float32",
                    help="store the decoder's weights in this precision (half the file with float16; they "
                         "load as float32; the encoder and quantizer, hence the tokens, are always exact)")
     p.set_defaults(func=_export)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from rvqlm.weight_dtype import STORAGE_DTYPES
+
 TRAIN_HELP = """Train the LM through LightningCLI `fit`. Every argument goes to LightningCLI:
   --config RECIPE.yaml (recipes/lm_tiny.yaml, recipes/lm_speech.yaml), overrides such as
   --trainer.max_steps 500 or --data.tokens_dir DIR, --ckpt_path last to resume the run in
@@ -48,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "load back as float32).")
     ex.add_argument("lm", help="an LM folder written by save_pretrained (e.g. RUN/pretrained)")
     ex.add_argument("output", help="the folder to write (replaced only once the new one is complete)")
-    ex.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    ex.add_argument("--dtype", choices=STORAGE_DTYPES, default="float32")
     ex.set_defaults(func=_export)
 
 
