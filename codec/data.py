@@ -3,7 +3,10 @@
 Training crops: a stream of batches in which crop i of the run is a pure function of (seed, i)
 (every file seen once per pass, in a seeded order, at a seeded random offset), so an interrupted
 run resumes on exactly the batches it would have read (the position is saved in checkpoints);
-validation crops: the middle of each chosen file, the same every time. Audio is read with `codec.audio.load_audio` (any format
+validation crops: the middle of each chosen file, the same every time. Training crops may be
+speed-perturbed (`speeds`: each crop is played at one of these speeds, drawn per crop, which moves
+pitch, formants and tempo together, as Kaldi's 0.9 / 1.0 / 1.1 augmentation does): a small corpus
+then shows the codec more voices than it holds. Audio is read with `codec.audio.load_audio` (any format
 libsndfile reads, resampled and down/up-mixed to the codec's layout); a file shorter than the crop
 is zero-padded at the end.
 """
@@ -18,6 +21,7 @@ from typing import Iterator
 import lightning as L
 import numpy as np
 import torch
+import torchaudio.functional as AF
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from codec.audio import AUDIO_SUFFIXES, audio_info, load_audio
@@ -69,19 +73,35 @@ class RandomCropDataset(_CropDataset):
     offset is drawn by ``np.random.default_rng([seed, i, 1])``. `dataset[i]` is that crop for any
     i >= 0: a run's data does not depend on worker count, and a resumed run reads exactly what
     the uninterrupted one would have.
+
+    speeds: playback speeds to draw from, one per crop by ``np.random.default_rng([seed, i, 2])``
+    (None or [1.0]: none). At speed s the crop is ``s * crop_seconds`` of the file resampled from
+    ``round(s * sample_rate)`` to `sample_rate` Hz: s > 1 is faster and higher. Each
+    ``s * sample_rate`` must be a whole number of Hz, so that the resampling kernel is exact.
     """
 
     def __init__(self, files, sample_rate: int, channels: int = 1, crop_seconds: float = 1.0,
-                 items: int | None = None, seed: int = 0):
+                 items: int | None = None, seed: int = 0, speeds: list[float] | None = None):
         super().__init__(files, sample_rate, channels, crop_seconds)
         self.items = items or len(self.files)
         if self.items < 1:
             raise ValueError(f"items must be >= 1, got {self.items}")
         self.seed = seed
+        self.speeds = [float(s) for s in speeds] if speeds else [1.0]
+        for s in self.speeds:
+            if not 0.5 <= s <= 2.0 or abs(s * sample_rate - round(s * sample_rate)) > 1e-6:
+                raise ValueError(f"speed {s}: speeds must lie in [0.5, 2] and make speed * {sample_rate} a whole "
+                                 "number of Hz")
         self._perm: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return self.items
+
+    def speed(self, i: int) -> float:
+        """The playback speed of crop i of the run."""
+        if len(self.speeds) == 1:
+            return self.speeds[0]
+        return self.speeds[int(np.random.default_rng([self.seed, i, 2]).integers(len(self.speeds)))]
 
     def file_and_offset(self, i: int) -> tuple[int, float]:
         """(file index, offset in seconds) of crop i of the run."""
@@ -89,13 +109,20 @@ class RandomCropDataset(_CropDataset):
         if self._perm is None or self._perm[0] != epoch:
             self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.items))
         f = int(self._perm[1][j]) % len(self.files)
-        slack = max(self.durations[f] - self.crop_seconds, 0.0)
+        slack = max(self.durations[f] - self.speed(i) * self.crop_seconds, 0.0)
         return f, float(np.random.default_rng([self.seed, i, 1]).random()) * slack
 
     def __getitem__(self, i: int) -> torch.Tensor:
         if i < 0:
             raise IndexError(f"crop index {i} < 0")
-        return self._load(*self.file_and_offset(i))
+        f, offset = self.file_and_offset(i)
+        speed = self.speed(i)
+        if speed == 1.0:
+            return self._load(f, offset)
+        wav = load_audio(self.files[f], self.sample_rate, self.channels, offset_seconds=offset,
+                         duration_seconds=speed * self.crop_seconds)
+        wav = AF.resample(wav, int(round(speed * self.sample_rate)), self.sample_rate)
+        return _fit_length(wav, self.crop)
 
 
 class CropBatchStream(IterableDataset):
@@ -157,13 +184,16 @@ class CodecDataModule(L.LightningDataModule):
     Sources: `train_dir` / `valid_dir` (folders of audio files), or, when they are not given, the
     built-in corpus at `corpus_dir` (its train / valid splits; the test split is never read).
     `sample_rate` / `channels` must be the codec's (the recipes link them to the model's config).
+    `speeds`: speed perturbation of the training crops (see RandomCropDataset; validation crops
+    are never perturbed).
     """
 
     def __init__(self, train_dir: str | None = None, valid_dir: str | None = None,
                  corpus_dir: str | None = "data/fillets-cs-16k", sample_rate: int = 16000, channels: int = 1,
                  crop_seconds: float = 1.0, valid_crop_seconds: float = 2.0, batch_size: int = 8,
                  valid_batch_size: int | None = None, num_workers: int = 0, items_per_epoch: int | None = None,
-                 max_valid_files: int | None = 32, max_train_files: int | None = None, seed: int = 0):
+                 max_valid_files: int | None = 32, max_train_files: int | None = None, seed: int = 0,
+                 speeds: list[float] | None = None):
         super().__init__()
         if train_dir is None and corpus_dir is None:
             raise ValueError("give train_dir (a folder of audio files) or corpus_dir (the built-in corpus)")
@@ -194,7 +224,7 @@ class CodecDataModule(L.LightningDataModule):
             files = evenly_spaced(self._files("train"), hp.max_train_files)
             self.train_set = RandomCropDataset(files, hp.sample_rate, hp.channels, hp.crop_seconds,
                                                items=max(hp.items_per_epoch or len(files), hp.batch_size),
-                                               seed=hp.seed)
+                                               seed=hp.seed, speeds=hp.speeds)
         if self.valid_set is None and stage in (None, "fit", "validate"):
             files = evenly_spaced(self._files("valid"), hp.max_valid_files)
             self.valid_set = FixedCropDataset(files, hp.sample_rate, hp.channels, hp.valid_crop_seconds)
@@ -222,6 +252,7 @@ class CodecDataModule(L.LightningDataModule):
         """What the training stream depends on besides its position: a resume must not change it."""
         hp = self.hparams
         return {"seed": hp.seed, "batch_size": hp.batch_size, "crop_seconds": hp.crop_seconds,
+                "speeds": list(hp.speeds) if hp.speeds else None,
                 "train_items": len(self.train_set) if self.train_set is not None else None}
 
     def state_dict(self) -> dict:
@@ -230,7 +261,7 @@ class CodecDataModule(L.LightningDataModule):
     def load_state_dict(self, state: dict) -> None:
         now = self._stream_settings()
         changed = [f"{k}: checkpoint {state[k]!r}, now {now[k]!r}" for k in now
-                   if k in state and now[k] is not None and state[k] != now[k]]
+                   if k in state and (now[k] is not None or k != "train_items") and state[k] != now[k]]
         if changed:
             raise ValueError("cannot resume the codec's training crops exactly, the data settings changed ("
                              + "; ".join(changed) + ")")

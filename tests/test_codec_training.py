@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
@@ -103,6 +104,43 @@ def test_crop_stream_restarts_where_it_stopped_and_splits_ranks(speech_files):
     assert torch.equal(next(iter(later))["audio"], batches[4]["audio"])
     ranks = [CropBatchStream(crops, 2, 3, rank=r, world_size=2).batch(0)["audio"] for r in (0, 1)]
     assert torch.equal(torch.cat(ranks), torch.cat([batches[0]["audio"], batches[1]["audio"]]))
+
+
+def test_speed_perturbation_moves_pitch_and_is_a_pure_function_of_the_crop(tmp_path):
+    """At speed s a crop is s * crop_seconds of the file played back in crop_seconds: a 400 Hz tone
+    comes out at s * 400 Hz, the crop keeps its length, and each crop's speed depends on (seed, i) only."""
+    import soundfile as sf
+
+    sr = 16000
+    t = np.arange(5 * sr) / sr
+    sf.write(tmp_path / "tone.wav", 0.5 * np.sin(2 * np.pi * 400 * t), sr)
+    crops = RandomCropDataset([tmp_path / "tone.wav"], sr, 1, crop_seconds=1.0, items=40,
+                              speeds=[0.9, 1.0, 1.1])
+    seen = {}
+    for i in range(40):
+        wav = crops[i]
+        assert wav.shape == (1, sr)
+        peak_hz = float(np.argmax(np.abs(np.fft.rfft(wav[0].numpy())))) * sr / wav.shape[-1]
+        seen.setdefault(crops.speed(i), set()).add(round(peak_hz))
+    assert seen == {0.9: {360}, 1.0: {400}, 1.1: {440}}
+    again = RandomCropDataset([tmp_path / "tone.wav"], sr, 1, crop_seconds=1.0, items=40, speeds=[0.9, 1.0, 1.1])
+    assert [again.speed(i) for i in range(40)] == [crops.speed(i) for i in range(40)]
+    assert torch.equal(again[7], crops[7])
+    with pytest.raises(ValueError, match="whole number of Hz"):
+        RandomCropDataset([tmp_path / "tone.wav"], sr, 1, speeds=[1.00001])
+    with pytest.raises(ValueError, match="lie in"):
+        RandomCropDataset([tmp_path / "tone.wav"], sr, 1, speeds=[3.0])
+
+
+def test_resume_refuses_changed_speed_perturbation(corpus_dir):
+    module = CodecDataModule(corpus_dir=str(corpus_dir), speeds=[0.9, 1.0, 1.1], max_valid_files=2)
+    module.setup("fit")
+    state = module.state_dict()
+    assert state["speeds"] == [0.9, 1.0, 1.1]
+    plain = CodecDataModule(corpus_dir=str(corpus_dir), max_valid_files=2)
+    plain.setup("fit")
+    with pytest.raises(ValueError, match="speeds"):
+        plain.load_state_dict(state)
 
 
 def test_si_sdr_values():
