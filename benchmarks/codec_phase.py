@@ -13,6 +13,8 @@ distance, SI-SDR, STOI, PESQ; the files `benchmarks/codec_quality.py` picks):
     true magnitude + random phase    the floor a phase can fall to
     true magnitude + Griffin-Lim     a phase found from the true magnitudes alone (100 iterations)
     ours magnitude + Griffin-Lim     the same from the decoder's magnitudes (started at its phase)
+    ours below 4 kHz + true above    the decoder's bins below BAND_SPLIT_HZ, the original's above
+    true below 4 kHz + ours above    the other way round: which band costs the quality
 
 If "ours magnitude + true phase" is far above "ours", the phases are what costs quality (the
 adversarial phase of `recipes/codec_speech_gan_decoder.yaml` aims at them); if "true magnitude +
@@ -35,7 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 VARIANTS = ("ours", "ours magnitude + true phase", "true magnitude + ours phase", "true magnitude + random phase",
-            "true magnitude + Griffin-Lim", "ours magnitude + Griffin-Lim")
+            "true magnitude + Griffin-Lim", "ours magnitude + Griffin-Lim",
+            "ours below 4 kHz + true above", "true below 4 kHz + ours above")
+BAND_SPLIT_HZ = 4000.0
 METRICS = ("mel", "si_sdr", "stoi", "pesq")
 
 
@@ -79,10 +83,13 @@ def spectral_mixes(codec, wav: torch.Tensor, *, n_iter: int = 100, seed: int = 0
             "true magnitude + ours phase": torch.polar(true.abs(), ours.angle()),
             "true magnitude + random phase": torch.polar(true.abs(), random_phase),
         }
+        low = (torch.arange(ours.shape[-2]) * codec.sample_rate / n_fft < BAND_SPLIT_HZ)[:, None]  # [bins, 1]
+        spectra["ours below 4 kHz + true above"] = torch.where(low, ours, true)
+        spectra["true below 4 kHz + ours above"] = torch.where(low, true, ours)
         out = {name: istft(s) for name, s in spectra.items()}
         out["true magnitude + Griffin-Lim"] = griffin_lim(true.abs(), random_phase, stft, istft, n_iter)
         out["ours magnitude + Griffin-Lim"] = griffin_lim(ours.abs(), ours.angle(), stft, istft, n_iter)
-    return {name: w[0, :length] for name, w in out.items()}
+    return {name: out[name][0, :length] for name in VARIANTS}
 
 
 def main(argv: list[str] | None = None) -> int:

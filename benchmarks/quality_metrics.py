@@ -17,6 +17,13 @@ Reconstruction quality (reference and decoded speech at the same rate, 1-D float
   1.04..4.64). A metric that cannot be computed on a file (PESQ finds no speech, or the package is
   missing) is NaN there, and `mean_scores` averages the other files.
 
+Pitch (codec_pitch.py):
+
+* `pitch_track`: F0 and voicing of 10 ms frames by probabilistic YIN (librosa's `pyin`, 60-500 Hz).
+* `pitch_agreement`: how well a decoded file keeps the reference's pitch: the error in cents on the
+  frames voiced in both (median, 90th percentile, share off by more than 50 cents: a quarter tone,
+  clearly out of tune), and how the voicing decisions agree.
+
 Generated token streams and audio (continuation_quality.py):
 
 * `repetition`: how much of a continuation copies what came before it (see its docstring).
@@ -157,6 +164,74 @@ def mean_scores(per_file: Iterable[Mapping[str, float]]) -> MeanScores:
         means[m] = float(np.mean(values)) if values else float("nan")
         counts[m] = len(values)
     return MeanScores(means, counts)
+
+
+# ---- pitch ---------------------------------------------------------------------------------------
+
+PITCH_HOP_S = 0.01
+PITCH_FMIN, PITCH_FMAX = 60.0, 500.0
+GROSS_PITCH_ERROR_CENTS = 50.0
+
+
+def pitch_track(wav: np.ndarray, sample_rate: int) -> tuple[np.ndarray, np.ndarray]:
+    """wav [S] -> (f0 [F] in Hz, NaN where unvoiced; voiced [F] bool), one frame per 10 ms.
+
+    Probabilistic YIN (Mauch & Dixon 2014, `librosa.pyin`; `make bench-setup` installs librosa) over
+    PITCH_FMIN..PITCH_FMAX with a 64 ms window: the speaking range of the corpus's voices."""
+    try:
+        import librosa
+    except ImportError as e:
+        raise RuntimeError("pitch_track needs librosa: run `make bench-setup`") from e
+    x = _mono(wav, "wav").astype(np.float64)
+    hop = int(round(PITCH_HOP_S * sample_rate))
+    frame = 1 << max(int(np.ceil(np.log2(0.064 * sample_rate))), 6)
+    f0, voiced, _ = librosa.pyin(x, fmin=PITCH_FMIN, fmax=PITCH_FMAX, sr=sample_rate, frame_length=frame,
+                                 hop_length=hop)
+    return f0, voiced.astype(bool)
+
+
+@dataclass
+class PitchAgreement:
+    """See `pitch_agreement`. Frame counts are kept so that files can be pooled (`pool_pitch`)."""
+
+    cents: np.ndarray  # |error| in cents on the frames voiced in both
+    ref_voiced: int  # frames voiced in the reference
+    ref_unvoiced: int
+    missed: int  # voiced in the reference, unvoiced in the decoded file
+    false_voiced: int  # unvoiced in the reference, voiced in the decoded file
+
+    def summary(self) -> dict[str, float]:
+        c = self.cents
+        return {"median_cents": float(np.median(c)) if c.size else float("nan"),
+                "p90_cents": float(np.percentile(c, 90)) if c.size else float("nan"),
+                "gross_error": float(np.mean(c > GROSS_PITCH_ERROR_CENTS)) if c.size else float("nan"),
+                "voicing_recall": 1 - self.missed / self.ref_voiced if self.ref_voiced else float("nan"),
+                "false_voicing": self.false_voiced / self.ref_unvoiced if self.ref_unvoiced else float("nan")}
+
+
+def pitch_agreement(f0_ref: np.ndarray, voiced_ref: np.ndarray, f0_dec: np.ndarray,
+                    voiced_dec: np.ndarray) -> PitchAgreement:
+    """Compare two pitch tracks of aligned signals (same frames; the shorter length is used).
+
+    cents = |1200 log2(f0_dec / f0_ref)| on every frame voiced in both; missed / false_voiced count
+    the voicing decisions that differ."""
+    n = min(len(f0_ref), len(f0_dec))
+    f0_ref, f0_dec = np.asarray(f0_ref[:n], dtype=np.float64), np.asarray(f0_dec[:n], dtype=np.float64)
+    vr, vd = np.asarray(voiced_ref[:n], dtype=bool), np.asarray(voiced_dec[:n], dtype=bool)
+    both = vr & vd & np.isfinite(f0_ref) & np.isfinite(f0_dec) & (f0_ref > 0) & (f0_dec > 0)
+    cents = np.abs(1200 * np.log2(f0_dec[both] / f0_ref[both]))
+    return PitchAgreement(cents=cents, ref_voiced=int(vr.sum()), ref_unvoiced=int((~vr).sum()),
+                          missed=int((vr & ~vd).sum()), false_voiced=int((~vr & vd).sum()))
+
+
+def pool_pitch(parts: Iterable[PitchAgreement]) -> PitchAgreement:
+    """One PitchAgreement over all frames of several files."""
+    parts = list(parts)
+    if not parts:
+        raise ValueError("no pitch agreements to pool")
+    return PitchAgreement(cents=np.concatenate([p.cents for p in parts]),
+                          ref_voiced=sum(p.ref_voiced for p in parts), ref_unvoiced=sum(p.ref_unvoiced for p in parts),
+                          missed=sum(p.missed for p in parts), false_voiced=sum(p.false_voiced for p in parts))
 
 
 # ---- generated tokens and audio -------------------------------------------------------------------

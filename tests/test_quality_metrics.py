@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import codec_bottleneck as cb  # noqa: E402
 import codec_phase as cphase  # noqa: E402
+import codec_pitch as cpitch  # noqa: E402
 import codec_quality as cq  # noqa: E402
 import continuation_quality as cont  # noqa: E402
 import quality_metrics as qm  # noqa: E402
@@ -272,6 +273,8 @@ def test_codec_phase_swaps_the_halves_of_the_decoders_spectrum(speech, tmp_path,
     dist = {k: float(mel_distance(v[None, None], wav, SR)) for k, v in mixes.items()}
     assert dist["true magnitude + Griffin-Lim"] < 0.5 * dist["true magnitude + random phase"]
     assert dist["true magnitude + ours phase"] < dist["ours"]  # the random codec's magnitudes are far off
+    # The band split keeps each side's bins: the untrained codec's output is far off in both bands.
+    assert dist["true below 4 kHz + ours above"] < dist["ours"] and dist["ours below 4 kHz + true above"] < dist["ours"]
 
     with pytest.raises(ValueError, match="does not predict a spectrum"):
         cphase.spectral_mixes(Codec(CodecConfig(encoder_channels=2, decoder_channels=2, latent_dim=8, n_codebooks=2,
@@ -283,6 +286,62 @@ def test_codec_phase_swaps_the_halves_of_the_decoders_spectrum(speech, tmp_path,
     assert all(v in out for v in cphase.VARIANTS)
     saved = json.loads((tmp_path / "p.json").read_text())
     assert set(saved["means"]) == set(cphase.VARIANTS) and len(saved["files"]) == 2
+
+
+# ---- pitch -----------------------------------------------------------------------------------------
+
+def test_pitch_agreement_hand_counted_case():
+    nan = float("nan")
+    f0_ref, voiced_ref = np.array([100, 100, nan, 200, 200, 120.0]), np.array([1, 1, 0, 1, 1, 1], bool)
+    f0_dec, voiced_dec = np.array([100, 106, 150, nan, 400.0]), np.array([1, 1, 1, 0, 1], bool)  # one frame short
+    a = qm.pitch_agreement(f0_ref, voiced_ref, f0_dec, voiced_dec)
+    # Voiced in both: frames 0, 1, 4 (0, 100.9 and 1200 cents); frame 3 missed, frame 2 falsely voiced.
+    np.testing.assert_allclose(a.cents, [0.0, 1200 * np.log2(1.06), 1200.0])
+    s = a.summary()
+    assert s["median_cents"] == pytest.approx(100.87, abs=0.01) and s["gross_error"] == pytest.approx(2 / 3)
+    assert s["voicing_recall"] == 0.75 and s["false_voicing"] == 1.0
+    pooled = qm.pool_pitch([a, a]).summary()
+    assert pooled["gross_error"] == pytest.approx(2 / 3) and pooled["voicing_recall"] == 0.75
+    with pytest.raises(ValueError, match="no pitch"):
+        qm.pool_pitch([])
+
+
+def _vowel(f0: float, seconds: float = 1.0) -> np.ndarray:
+    t = np.arange(int(seconds * SR)) / SR
+    return sum(0.3 / k * np.sin(2 * np.pi * k * f0 * t) for k in range(1, 12)).astype(np.float32)
+
+
+def test_pitch_track_follows_a_harmonic_tone_and_hears_a_semitone():
+    f0, voiced = qm.pitch_track(_vowel(150.0), SR)
+    assert f0.shape == voiced.shape == (101,) and voiced[5:-5].all()
+    assert np.nanmedian(np.abs(1200 * np.log2(f0[voiced] / 150.0))) <= 10  # pYIN's 10-cent grid
+    up = qm.pitch_agreement(f0, voiced, *qm.pitch_track(_vowel(150.0 * 2 ** (100 / 1200)), SR)).summary()
+    assert 80 <= up["median_cents"] <= 120 and up["gross_error"] > 0.9
+    silent_f0, silent_voiced = qm.pitch_track(np.zeros(SR, np.float32), SR)
+    assert not silent_voiced.any() and np.isnan(silent_f0).all()
+
+
+def test_codec_pitch_end_to_end_on_a_tiny_random_codec(tmp_path, capsys):
+    from codec import Codec, CodecConfig
+
+    torch.manual_seed(0)
+    codec = Codec(CodecConfig(encoder_channels=2, latent_dim=8, n_codebooks=3, codebook_size=16, dilations=(1,),
+                              decoder="istft", decoder_dim=16, decoder_layers=1))
+    codec.train()
+    codec(torch.randn(2, 1, 6400) * 0.1)
+    folder = codec.eval().save_pretrained(tmp_path / "codec")
+    assert cpitch.main(["--codec", str(folder), "--max-files", "2", "--json", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    saved = json.loads((tmp_path / "p.json").read_text())
+    systems = ["ours N_c=2", "ours N_c=3", "opus 6k voip", "codec2 3200"]
+    assert set(saved["results"]) == set(systems) and saved["voiced_frames"] > 50
+    assert sorted(systems, key=out.index) == systems  # the table's rows, in this order
+    # Opus keeps the pitch of real speech; an untrained codec buzzes at pitches of its own, voiced or not.
+    opus, ours = saved["results"]["opus 6k voip"], saved["results"]["ours N_c=3"]
+    assert opus["median_cents"] <= 20 and opus["voicing_recall"] > 0.5
+    assert ours["gross_error"] > 0.5 > opus["gross_error"] and ours["false_voicing"] > opus["false_voicing"]
+    with pytest.raises(SystemExit, match="1..3"):
+        cpitch.main(["--codec", str(folder), "--n-codebooks", "4"])
 
 
 # ---- continuation_quality.py ----------------------------------------------------------------------

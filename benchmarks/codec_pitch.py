@@ -1,0 +1,108 @@
+"""Does a codec keep the speaker's pitch? F0 of the decoded speech against the original's.
+
+    .venv/bin/python benchmarks/codec_pitch.py --codec DIR [--split valid] [--max-files 8]
+        [--n-codebooks 2 4 8] [--no-opus] [--no-codec2] [--json FILE]
+
+Needs `make bench-setup` (librosa for pYIN; ffmpeg/libopus and codec2 for the reference rows).
+
+A codec can get the spectral envelope right (a low mel distance) and still sound rough or
+out of tune if its voiced frames drift off the speaker's fundamental. For each file (the ones
+`codec_quality.py` picks: `--max-files` files of `--split` spread over its sorted list, >= 1 s)
+the script decodes it with our codec at each `--n-codebooks`, with Opus 6 kbps and with codec2
+3200, aligns every output to the original as `codec_quality.py` does, tracks F0 on both with pYIN
+(`quality_metrics.pitch_track`: 10 ms frames, 60-500 Hz) and pools over all files' frames
+(`quality_metrics.pitch_agreement`):
+
+    median / p90 cents    |1200 log2(f0_decoded / f0_original)| on the frames voiced in both
+    > 50 cents            the share of those frames off by more than a quarter tone
+    voicing recall        the share of the original's voiced frames that are voiced when decoded
+    false voicing         the share of its unvoiced frames that become voiced
+
+pYIN reports F0 on a 10-cent grid, so 10 cents is the best a row can score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+COLUMNS = ("median_cents", "p90_cents", "gross_error", "voicing_recall", "false_voicing")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--codec", required=True, help="a saved codec folder")
+    p.add_argument("--corpus", default="data/fillets-cs-16k")
+    p.add_argument("--split", default="valid", choices=("train", "valid", "test"))
+    p.add_argument("--max-files", type=int, default=8)
+    p.add_argument("--n-codebooks", type=int, nargs="*", help="our bitrates to score (default: 2, 4 and all)")
+    p.add_argument("--no-opus", action="store_true", help="leave out the Opus 6 kbps row")
+    p.add_argument("--no-codec2", action="store_true", help="leave out the codec2 3200 row")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from codec import Codec
+    from codec.audio import load_audio
+    from codec_quality import SAMPLE_RATE, _resample, codec2_roundtrip, opus_roundtrip, pick_files
+    from quality_metrics import align, estimate_lag, pitch_agreement, pitch_track, pool_pitch
+    from rvqlm.corpus import corpus_files
+
+    t0 = time.perf_counter()
+    codec = Codec.from_pretrained(args.codec).eval()
+    if codec.channels != 1:
+        raise SystemExit("codec_pitch.py scores mono codecs")
+    ks = args.n_codebooks or sorted({min(2, codec.n_codebooks), min(4, codec.n_codebooks), codec.n_codebooks})
+    bad = [k for k in ks if not 1 <= k <= codec.n_codebooks]
+    if bad:
+        raise SystemExit(f"--n-codebooks {bad}: this codec has 1..{codec.n_codebooks}")
+    systems = [f"ours N_c={k}" for k in ks] + ([] if args.no_opus else ["opus 6k voip"]) + \
+              ([] if args.no_codec2 else ["codec2 3200"])
+    files = pick_files(corpus_files(args.corpus, args.split), args.max_files, 1.0)
+    parts: dict[str, list] = {s: [] for s in systems}
+    with tempfile.TemporaryDirectory(prefix="codec_pitch_") as tmp:
+        for f in files:
+            reference = load_audio(f, SAMPLE_RATE, 1)[0].numpy()  # [S]
+            f0_ref, voiced_ref = pitch_track(reference, SAMPLE_RATE)
+            x = load_audio(f, codec.sample_rate, 1)[None]  # [1, 1, S']
+            for system in systems:
+                if system.startswith("ours"):
+                    k = int(system.split("=")[1])
+                    decoded = codec.decode(codec.encode(x, n_q=k))[0, 0, : x.shape[-1]].float().numpy()
+                    if codec.sample_rate != SAMPLE_RATE:
+                        decoded = _resample(decoded, codec.sample_rate, SAMPLE_RATE)
+                elif system.startswith("opus"):
+                    decoded = opus_roundtrip(reference, SAMPLE_RATE, 6, Path(tmp)).decoded
+                else:
+                    decoded = codec2_roundtrip(reference, SAMPLE_RATE, "3200", Path(tmp)).decoded
+                decoded = align(decoded, estimate_lag(reference, decoded, SAMPLE_RATE), len(reference))
+                parts[system].append(pitch_agreement(f0_ref, voiced_ref, *pitch_track(decoded, SAMPLE_RATE)))
+    results = {s: pool_pitch(v).summary() for s, v in parts.items()}
+    frames = sum(p.ref_voiced for p in parts[systems[0]])
+    print(f"codec {args.codec} ({codec.fingerprint()[:12]}), {len(files)} files of {args.corpus}/{args.split}, "
+          f"{frames} voiced 10 ms frames in the originals; pooled over frames")
+    print(f"{'system':<16} {'median c v':>10} {'p90 c v':>8} {'>50 c v':>8} {'voiced ^':>9} {'false v':>8}")
+    for s, r in results.items():
+        print(f"{s:<16} {r['median_cents']:>10.0f} {r['p90_cents']:>8.0f} {r['gross_error']:>8.3f} "
+              f"{r['voicing_recall']:>9.3f} {r['false_voicing']:>8.3f}")
+    print(f"wall time {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        from rvqlm.atomic import atomic_write_json
+
+        atomic_write_json(Path(args.json), {"codec": str(args.codec), "codec_fingerprint": codec.fingerprint(),
+                                            "split": args.split, "files": [str(f) for f in files],
+                                            "voiced_frames": frames, "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
