@@ -57,6 +57,7 @@ def test_the_shipped_lm_predicts_held_out_speech_tokens_better_than_chance(codec
     assert per_token < math.log(codec.codebook_size) - 0.5  # uniform guessing: log 1024 = 6.93 nats
 
 
-def test_the_codec_cards_benchmark_file_is_this_codec(codec):
-    result = json.loads((MODELS / "codec-speech-16k" / "codec_quality_test.json").read_text())
+@pytest.mark.parametrize("name", ["codec_quality_test.json", "codec_pitch_test.json"])
+def test_the_codec_cards_benchmark_files_are_this_codec(codec, name):
+    result = json.loads((MODELS / "codec-speech-16k" / name).read_text())
     assert result["codec_fingerprint"] == codec.fingerprint() and result["split"] == "test"
