@@ -34,9 +34,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-COLUMNS = ("median_cents", "p90_cents", "gross_error", "voicing_recall", "false_voicing")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--codec", required=True, help="a saved codec folder")
@@ -53,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from codec import Codec
     from codec.audio import load_audio
-    from codec_quality import SAMPLE_RATE, _resample, codec2_roundtrip, opus_roundtrip, pick_files
+    from codec_quality import SAMPLE_RATE, codec2_roundtrip, opus_roundtrip, ours_roundtrip, pick_files
     from quality_metrics import align, estimate_lag, pitch_agreement, pitch_track, pool_pitch
     from rvqlm.corpus import corpus_files
 
@@ -73,13 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         for f in files:
             reference = load_audio(f, SAMPLE_RATE, 1)[0].numpy()  # [S]
             f0_ref, voiced_ref = pitch_track(reference, SAMPLE_RATE)
-            x = load_audio(f, codec.sample_rate, 1)[None]  # [1, 1, S']
             for system in systems:
                 if system.startswith("ours"):
-                    k = int(system.split("=")[1])
-                    decoded = codec.decode(codec.encode(x, n_q=k))[0, 0, : x.shape[-1]].float().numpy()
-                    if codec.sample_rate != SAMPLE_RATE:
-                        decoded = _resample(decoded, codec.sample_rate, SAMPLE_RATE)
+                    decoded = ours_roundtrip(codec, reference, SAMPLE_RATE, int(system.split("=")[1])).decoded
                 elif system.startswith("opus"):
                     decoded = opus_roundtrip(reference, SAMPLE_RATE, 6, Path(tmp)).decoded
                 else:

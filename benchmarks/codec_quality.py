@@ -118,6 +118,16 @@ class Roundtrip:
     bits: int
 
 
+def ours_roundtrip(codec, wav: np.ndarray, sample_rate: int, n_q: int) -> Roundtrip:
+    """Encode 1-D `wav` (at `sample_rate`) with the first `n_q` codebooks of a mono codec and decode it
+    back to `sample_rate`. bits = every code, the zero-padded last frame included."""
+    x = torch.from_numpy(np.ascontiguousarray(_resample(wav, sample_rate, codec.sample_rate)))[None, None]  # [1, 1, S]
+    codes = codec.encode(x, n_q=n_q)  # [1, k, T]
+    decoded = codec.decode(codes)[0, 0, : x.shape[-1]].float().cpu().numpy()
+    bits = codes.shape[1] * codes.shape[2] * math.ceil(math.log2(codec.codebook_size))
+    return Roundtrip(_resample(decoded, codec.sample_rate, sample_rate), bits)
+
+
 def opus_roundtrip(wav: np.ndarray, sample_rate: int, kbps: float, workdir: Path) -> Roundtrip:
     """Encode 1-D `wav` with libopus (ffmpeg, voip, VBR) at `kbps` and decode it back to `sample_rate`.
 
@@ -222,21 +232,14 @@ def run_benchmark(codec, files: list[Path], opus_kbps: list[float], codec2_modes
         workdir = Path(tmp)
         for path in tqdm(files, desc="files", unit="file", disable=not progress, dynamic_ncols=True):
             reference = load_audio(path, SAMPLE_RATE, 1)[0].numpy()  # [S]
-            wav = _resample(reference, SAMPLE_RATE, codec.sample_rate)
-            x = torch.from_numpy(np.ascontiguousarray(wav))[None, None]  # [1, 1, S]
             for row in rows:
                 if row.group == "ours":
-                    codes = codec.encode(x, n_q=row.param)  # [1, k, T], the last frame zero-padded
-                    decoded = codec.decode(codes)[0, 0, : x.shape[-1]].float().cpu().numpy()
-                    decoded = _resample(decoded, codec.sample_rate, SAMPLE_RATE)
-                    bits = codes.shape[1] * codes.shape[2] * math.ceil(math.log2(codec.codebook_size))
+                    rt = ours_roundtrip(codec, reference, SAMPLE_RATE, row.param)
                 elif row.group == "opus":
                     rt = opus_roundtrip(reference, SAMPLE_RATE, row.param, workdir)
-                    decoded, bits = rt.decoded, rt.bits
                 else:
                     rt = codec2_roundtrip(reference, SAMPLE_RATE, row.param, workdir)
-                    decoded, bits = rt.decoded, rt.bits
-                row.add(reference, decoded, bits)
+                row.add(reference, rt.decoded, rt.bits)
     return rows
 
 

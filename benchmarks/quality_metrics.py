@@ -169,6 +169,7 @@ def mean_scores(per_file: Iterable[Mapping[str, float]]) -> MeanScores:
 # ---- pitch ---------------------------------------------------------------------------------------
 
 PITCH_HOP_S = 0.01
+PITCH_WINDOW_S = 0.064
 PITCH_FMIN, PITCH_FMAX = 60.0, 500.0
 GROSS_PITCH_ERROR_CENTS = 50.0
 
@@ -184,7 +185,7 @@ def pitch_track(wav: np.ndarray, sample_rate: int) -> tuple[np.ndarray, np.ndarr
         raise RuntimeError("pitch_track needs librosa: run `make bench-setup`") from e
     x = _mono(wav, "wav").astype(np.float64)
     hop = int(round(PITCH_HOP_S * sample_rate))
-    frame = 1 << max(int(np.ceil(np.log2(0.064 * sample_rate))), 6)
+    frame = 1 << int(np.ceil(np.log2(PITCH_WINDOW_S * sample_rate)))  # pYIN wants a power of two
     f0, voiced, _ = librosa.pyin(x, fmin=PITCH_FMIN, fmax=PITCH_FMAX, sr=sample_rate, frame_length=frame,
                                  hop_length=hop)
     return f0, voiced.astype(bool)

@@ -58,9 +58,12 @@ class _CropDataset(Dataset):
         self.crop = int(round(crop_seconds * sample_rate))
         self.durations = [audio_info(f).duration for f in self.files]  # header reads only
 
-    def _load(self, index: int, offset: float) -> torch.Tensor:
+    def _load(self, index: int, offset: float, speed: float = 1.0) -> torch.Tensor:
+        """crop_seconds of file `index` from `offset`, played at `speed` (see RandomCropDataset)."""
         wav = load_audio(self.files[index], self.sample_rate, self.channels, offset_seconds=offset,
-                         duration_seconds=self.crop_seconds)
+                         duration_seconds=speed * self.crop_seconds)
+        if speed != 1.0:
+            wav = AF.resample(wav, int(round(speed * self.sample_rate)), self.sample_rate)
         return _fit_length(wav, self.crop)
 
 
@@ -115,14 +118,7 @@ class RandomCropDataset(_CropDataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         if i < 0:
             raise IndexError(f"crop index {i} < 0")
-        f, offset = self.file_and_offset(i)
-        speed = self.speed(i)
-        if speed == 1.0:
-            return self._load(f, offset)
-        wav = load_audio(self.files[f], self.sample_rate, self.channels, offset_seconds=offset,
-                         duration_seconds=speed * self.crop_seconds)
-        wav = AF.resample(wav, int(round(speed * self.sample_rate)), self.sample_rate)
-        return _fit_length(wav, self.crop)
+        return self._load(*self.file_and_offset(i), self.speed(i))
 
 
 class CropBatchStream(IterableDataset):
@@ -252,7 +248,7 @@ class CodecDataModule(L.LightningDataModule):
         """What the training stream depends on besides its position: a resume must not change it."""
         hp = self.hparams
         return {"seed": hp.seed, "batch_size": hp.batch_size, "crop_seconds": hp.crop_seconds,
-                "speeds": list(hp.speeds) if hp.speeds else None,
+                "speeds": [float(s) for s in hp.speeds or [1.0]],
                 "train_items": len(self.train_set) if self.train_set is not None else None}
 
     def state_dict(self) -> dict:
@@ -261,7 +257,7 @@ class CodecDataModule(L.LightningDataModule):
     def load_state_dict(self, state: dict) -> None:
         now = self._stream_settings()
         changed = [f"{k}: checkpoint {state[k]!r}, now {now[k]!r}" for k in now
-                   if k in state and (now[k] is not None or k != "train_items") and state[k] != now[k]]
+                   if k in state and now[k] is not None and state[k] != now[k]]
         if changed:
             raise ValueError("cannot resume the codec's training crops exactly, the data settings changed ("
                              + "; ".join(changed) + ")")
