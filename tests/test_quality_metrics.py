@@ -445,3 +445,43 @@ def test_continuation_quality_end_to_end_on_a_tiny_lm(tiny_pair, capsys):
     assert result["held_out"]["files"] == 3 and result["prompts"] == ["test/b/long1.wav", "test/c/long2.wav"]
     with pytest.raises(ValueError, match="codec mismatch"):
         cont.main(args[:1] + [str(root / "lm_other")] + args[2:])
+
+
+def test_paired_difference_hand_counted():
+    import compare_quality as cmp
+
+    # diffs +0.1, +0.3, -0.1: mean 0.1, sample sd 0.2, se 0.2 / sqrt(3); two of three better
+    d = cmp.paired_difference([1.0, 2.0, 3.0], [1.1, 2.3, 2.9])
+    assert d["files"] == 3 and d["better"] == 2
+    assert d["diff"] == pytest.approx(0.1) and d["se"] == pytest.approx(0.2 / math.sqrt(3))
+    assert d["before"] == pytest.approx(2.0) and d["after"] == pytest.approx(2.1)
+    # lower is better (mel): the same rise counts as one file better; a missing value drops its file
+    d = cmp.paired_difference([1.0, 2.0, None, 3.0], [1.1, 2.3, 5.0, 2.9], lower_is_better=True)
+    assert d["files"] == 3 and d["better"] == 1
+    with pytest.raises(ValueError):
+        cmp.paired_difference([float("nan")], [1.0])
+
+
+def test_compare_quality_runs_pairs_rows_and_refuses_other_files(tmp_path, capsys):
+    import compare_quality as cmp
+
+    def run(pesq, files=("a.wav", "b.wav")):
+        scores = [{"mel": 0.2, "stoi": 0.8, "pesq": p} for p in pesq]
+        return {"files": list(files), "codec_fingerprint": "f" * 64,
+                "per_file": {"ours N_c=4": {"scores": scores}, "opus 6k voip": {"scores": scores},
+                             "codec2 3200": {"scores": scores}}}
+
+    before, after = tmp_path / "a.json", tmp_path / "b.json"
+    before.write_text(json.dumps(run([1.5, 1.7])))
+    after.write_text(json.dumps(run([1.6, 1.9])))
+    out = tmp_path / "cmp.json"
+    assert cmp.main([str(before), str(after), "--metrics", "pesq", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["row"] for r in rows] == ["ours N_c=4", "opus 6k voip"]  # codec2 only when asked
+    assert rows[0]["diff"] == pytest.approx(0.15) and rows[0]["better"] == 2
+    assert "ours N_c=4" in capsys.readouterr().out
+    after.write_text(json.dumps(run([1.6, 1.9], files=("a.wav", "c.wav"))))
+    assert cmp.main([str(before), str(after)]) == 2
+    assert "different files" in capsys.readouterr().err
+    after.write_text(json.dumps(run([1.6, 1.9])))
+    assert cmp.main([str(before), str(after), "--rows", "ours N_c=9"]) == 2

@@ -1,0 +1,97 @@
+"""Two codec_quality.py runs on the same files, compared file by file.
+
+    .venv/bin/python benchmarks/compare_quality.py BEFORE.json AFTER.json [--rows "ours N_c=4" ...]
+        [--metrics mel stoi pesq] [--json FILE]
+
+A candidate codec's mean PESQ moving by 0.02 on 20 files says little by itself: files differ from
+each other far more than two codecs differ on one file. Scored on the same files, the per-file
+differences cancel that spread. For each row in both runs (default: every `ours` row and Opus 6k)
+and each metric the script prints both means, the mean of the per-file differences AFTER - BEFORE,
+its standard error (sample standard deviation / sqrt(n)), and on how many files AFTER is better
+(lower mel, higher STOI / PESQ / SI-SDR). The two runs must have scored the same list of files
+(`codec_quality.py --split S --max-files N` on the same corpus), else the script refuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LOWER_IS_BETTER = {"mel"}
+DEFAULT_METRICS = ("mel", "stoi", "pesq")
+
+
+def paired_difference(before: list[float], after: list[float], lower_is_better: bool = False) -> dict:
+    """Mean of after - before over paired files, its standard error, and how many files got better.
+
+    Files where either value is missing (None or NaN: a metric that could not be scored) are left out.
+    """
+    pairs = [(b, a) for b, a in zip(before, after, strict=True)
+             if b is not None and a is not None and not math.isnan(b) and not math.isnan(a)]
+    n = len(pairs)
+    if n == 0:
+        raise ValueError("no file has both values")
+    diffs = [a - b for b, a in pairs]
+    mean = sum(diffs) / n
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
+    better = sum((d < 0) if lower_is_better else (d > 0) for d in diffs)
+    return {"files": n, "before": sum(b for b, _ in pairs) / n, "after": sum(a for _, a in pairs) / n,
+            "diff": mean, "se": se, "better": better}
+
+
+def compare(before: dict, after: dict, rows: list[str] | None = None,
+            metrics: tuple[str, ...] = DEFAULT_METRICS) -> list[dict]:
+    """Paired differences for each (row, metric) of two codec_quality.py results (their JSON)."""
+    if before["files"] != after["files"]:
+        raise ValueError("the two runs scored different files: run codec_quality.py with the same "
+                         "--corpus, --split and --max-files for both")
+    common = [r for r in before["per_file"] if r in after["per_file"]]
+    if rows is None:
+        rows = [r for r in common if r.startswith("ours ") or r.startswith("opus 6k")]
+    missing = [r for r in rows if r not in common]
+    if missing:
+        raise ValueError(f"rows {missing} are not in both runs; both have: {common}")
+    out = []
+    for row in rows:
+        b_scores, a_scores = before["per_file"][row]["scores"], after["per_file"][row]["scores"]
+        for metric in metrics:
+            d = paired_difference([s.get(metric) for s in b_scores], [s.get(metric) for s in a_scores],
+                                  lower_is_better=metric in LOWER_IS_BETTER)
+            out.append({"row": row, "metric": metric, **d})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("before", help="codec_quality.py --json output of the reference codec")
+    p.add_argument("after", help="codec_quality.py --json output of the candidate, on the same files")
+    p.add_argument("--rows", nargs="*", help='rows to compare, e.g. "ours N_c=4" (default: ours and Opus 6k)')
+    p.add_argument("--metrics", nargs="*", default=list(DEFAULT_METRICS))
+    p.add_argument("--json", help="also write the comparison here")
+    args = p.parse_args(argv)
+    before, after = (json.loads(Path(f).read_text()) for f in (args.before, args.after))
+    try:
+        table = compare(before, after, args.rows, tuple(args.metrics))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"before: {args.before} ({before.get('codec_fingerprint', '?')[:12]})")
+    print(f"after:  {args.after} ({after.get('codec_fingerprint', '?')[:12]}), {len(before['files'])} files")
+    print(f"{'row':<16} {'metric':<7} {'before':>8} {'after':>8} {'after-before':>13} {'+-se':>7} better")
+    for r in table:
+        print(f"{r['row']:<16} {r['metric']:<7} {r['before']:8.3f} {r['after']:8.3f} {r['diff']:+13.4f} "
+              f"{r['se']:7.4f} {r['better']}/{r['files']}")
+    if args.json:
+        from rvqlm.atomic import atomic_write_json
+
+        atomic_write_json(args.json, {"before": args.before, "after": args.after, "rows": table})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
