@@ -2,7 +2,8 @@
 
 * `MultiScaleMelLoss`: L1 between log-mel spectrograms (torchaudio `MelSpectrogram`) at several
   FFT sizes. The number of mel bands at each size is fitted so that no triangular filter falls
-  between two FFT bins (an empty filter would give a constant, useless band).
+  between two FFT bins (an empty filter would give a constant, useless band). Its `terms` also
+  gives a loudness-scale distance on the same spectrograms (mel magnitudes to the power 0.3).
 * `waveform_l1`: mean absolute sample error.
 * `PhaseDerivativeLoss`: how far the short-time phase structure of the output is from the
   original's (group delay and instantaneous frequency), weighted by magnitude.
@@ -42,12 +43,19 @@ class MultiScaleMelLoss(nn.Module):
     Scale i uses n_fft = n_ffts[i], hop n_fft // 4, a Hann window, and up to `max_mels` bands (one
     number for every scale, or one per scale: more bands at the larger FFT sizes resolve pitch
     harmonics, as DAC's 5..320 bands do).
+
+    `terms` also gives, from the same spectrograms, a loudness-scale distance: per scale
+    sum |M_hat^p - M^p| / sum M^p over the example's bins (M the mel magnitudes, p =
+    `loudness_exponent`, 0.3: near the 0.23 of the Zwicker loudness law that PESQ applies to
+    its Bark spectra). The log compares every bin on the same footing, a pause's noise floor as
+    much as a vowel's harmonics; the power law weighs bins by how loud they are, as a listener
+    (and PESQ) does. Being a ratio, it does not depend on the recording's level.
     """
 
     def __init__(self, sample_rate: int, n_ffts: Sequence[int] = (256, 512, 1024, 2048),
-                 max_mels: int | Sequence[int] = 80, eps: float = 1e-5):
+                 max_mels: int | Sequence[int] = 80, eps: float = 1e-5, loudness_exponent: float = 0.3):
         super().__init__()
-        self.eps = eps
+        self.eps, self.loudness_exponent = eps, loudness_exponent
         per_scale = [max_mels] * len(n_ffts) if isinstance(max_mels, int) else list(max_mels)
         if len(per_scale) != len(n_ffts):
             raise ValueError(f"max_mels has {len(per_scale)} entries for {len(n_ffts)} FFT sizes")
@@ -58,16 +66,29 @@ class MultiScaleMelLoss(nn.Module):
             for n, m in zip(n_ffts, self.n_mels))
 
     def forward(self, x_hat: torch.Tensor, x: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        return self.terms(x_hat, x, reduction, loudness=False)[0]
+
+    def terms(self, x_hat: torch.Tensor, x: torch.Tensor, reduction: str = "mean",
+              loudness: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-mel L1, loudness-scale distance or None), each a scalar or [B] per `reduction`."""
         if x_hat.shape != x.shape:
             raise ValueError(f"shapes differ: {tuple(x_hat.shape)} vs {tuple(x.shape)}")
         b = x.shape[0]
         x_hat, x = x_hat.reshape(-1, x.shape[-1]), x.reshape(-1, x.shape[-1])  # [B*C, S]
-        per_scale = []
+        log_l1, loud = [], []
         for mel in self.mels:
-            diff = (torch.log10(mel(x_hat) + self.eps) - torch.log10(mel(x) + self.eps)).abs()
-            per_scale.append(diff.reshape(b, -1).mean(dim=1))
-        per_example = torch.stack(per_scale).mean(dim=0)  # [B]
-        return per_example.mean() if reduction == "mean" else per_example
+            m_hat, m = mel(x_hat), mel(x)  # [B*C, n_mels, frames]
+            diff = (torch.log10(m_hat + self.eps) - torch.log10(m + self.eps)).abs()
+            log_l1.append(diff.reshape(b, -1).mean(dim=1))
+            if loudness:
+                p = self.loudness_exponent
+                m_hat_p, m_p = m_hat.clamp(min=self.eps).pow(p), m.clamp(min=self.eps).pow(p)
+                loud.append((m_hat_p - m_p).abs().reshape(b, -1).sum(dim=1) / m_p.reshape(b, -1).sum(dim=1))
+        per_example = torch.stack(log_l1).mean(dim=0)  # [B]
+        loud_per_example = torch.stack(loud).mean(dim=0) if loudness else None
+        if reduction == "mean":
+            return per_example.mean(), (loud_per_example.mean() if loudness else None)
+        return per_example, loud_per_example
 
 
 class PhaseDerivativeLoss(nn.Module):

@@ -53,7 +53,9 @@ class CodecModule(L.LightningModule):
 
     codec: the architecture (a CodecConfig; a dict of its fields is accepted too, as stored in
     checkpoints). Loss weights: mel_weight * multi-scale log-mel L1 + l1_weight * waveform L1 +
-    commitment (weighted by codec.commitment_weight) [+ phase_weight * phase-derivative loss at
+    commitment (weighted by codec.commitment_weight) [+ loudness_weight * a loudness-scale distance
+    on the log-mel term's spectrograms, |M|^loudness_exponent (codec.losses.MultiScaleMelLoss.terms;
+    0: off, logged as val/loudness either way)] [+ phase_weight * phase-derivative loss at
     phase_n_fft / phase_hop (codec.losses.PhaseDerivativeLoss; 0: off), on the output waveform
     (`phase_on="output"`) or on the iSTFT decoder's predicted spectra before overlap-add
     (`phase_on="spectrum"`: phase_n_fft / phase_hop must then be the decoder's)] [+ adv_weight *
@@ -76,7 +78,8 @@ class CodecModule(L.LightningModule):
                  lr_decay_start: Optional[int] = None,
                  lr_decay_steps: int = 1, lr_min_ratio: float = 0.1, grad_clip: Optional[float] = 1000.0,
                  mel_weight: float = 15.0, l1_weight: float = 1.0, mel_n_ffts: Sequence[int] = (256, 512, 1024, 2048),
-                 mel_max_mels: int | Sequence[int] = 80, phase_weight: float = 0.0, phase_n_fft: int = 320,
+                 mel_max_mels: int | Sequence[int] = 80, loudness_weight: float = 0.0,
+                 loudness_exponent: float = 0.3, phase_weight: float = 0.0, phase_n_fft: int = 320,
                  phase_hop: int = 80, phase_on: str = "output",
                  adversarial: bool = False, adversarial_start_step: int = 0, adv_weight: float = 1.0,
                  feat_weight: float = 2.0, disc_lr: float = 3e-4, disc_n_ffts: Sequence[int] = (1024, 512, 256),
@@ -92,7 +95,8 @@ class CodecModule(L.LightningModule):
         self.hparams["mel_max_mels"] = mel_max_mels if isinstance(mel_max_mels, int) else list(mel_max_mels)
         self.automatic_optimization = False
         self.codec = Codec(config)
-        self.mel_loss = MultiScaleMelLoss(config.sample_rate, mel_n_ffts, mel_max_mels)
+        self.mel_loss = MultiScaleMelLoss(config.sample_rate, mel_n_ffts, mel_max_mels,
+                                          loudness_exponent=loudness_exponent)
         self.phase_loss = PhaseDerivativeLoss(phase_n_fft, phase_hop)  # a loss when phase_weight > 0, else a metric
         if phase_on not in ("output", "spectrum"):
             raise ValueError(f"phase_on must be 'output' or 'spectrum', got {phase_on!r}")
@@ -196,11 +200,15 @@ class CodecModule(L.LightningModule):
 
         out = self.codec(wav)
         recon = out.audio
-        mel = self.mel_loss(recon, wav)
+        loudness_weight = hp.get("loudness_weight", 0.0)
+        mel, loudness = self.mel_loss.terms(recon, wav, loudness=loudness_weight > 0)
         l1 = waveform_l1(recon, wav)
         commit = out.quantizer.commit_loss
         loss = hp.mel_weight * mel + hp.l1_weight * l1 + commit
         logs = {"train/mel": mel, "train/l1": l1, "train/commit": commit}
+        if loudness_weight > 0:
+            loss = loss + loudness_weight * loudness
+            logs["train/loudness"] = loudness
         if hp.phase_weight > 0:
             if hp.get("phase_on", "output") == "spectrum":
                 phase = self.phase_loss.on_spectrum(out.spectrum, wav)
@@ -267,6 +275,7 @@ class CodecModule(L.LightningModule):
             "val/mel_distance": mel_distance(recon, wav, self.codec.sample_rate).mean(),
             "val/si_sdr": si_sdr(recon, wav).mean(),
             "val/l1": waveform_l1(recon, wav),
+            "val/loudness": self.mel_loss.terms(recon, wav)[1],
             "val/phase": self.phase_loss(recon, wav),
             **({"val/phase_spectrum": self.phase_loss.on_spectrum(out.spectrum, wav)}
                if out.spectrum is not None and self.hparams.get("phase_on", "output") == "spectrum" else {}),

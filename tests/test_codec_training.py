@@ -171,6 +171,46 @@ def _last(rows: list[dict], key: str) -> float:
     return [float(r[key]) for r in rows if r.get(key)][-1]
 
 
+def test_loudness_distance_weighs_loud_bins_and_ignores_level(speech_files):
+    """Zero for the signal itself, the same for a louder copy of both (a ratio), finite gradients; and
+    unlike the log-mel L1, it counts an error in the loud half of a file more than the same relative
+    error in a half 40 dB quieter."""
+    from codec.audio import load_audio
+
+    x = load_audio(speech_files["valid"][3], 16000, 1)[None][..., :32000]  # [1, 1, S] real speech
+    loss = MultiScaleMelLoss(16000, (256, 1024), max_mels=(40, 160))
+    log_l1, loud = loss.terms(x, x)
+    assert float(log_l1) == 0 and float(loud) == 0
+    assert loss(x, x) == log_l1 and loss.terms(x, x, loudness=False)[1] is None
+    noisy = x + 0.05 * x.std() * torch.randn_like(x)
+    assert float(loss.terms(4 * noisy, 4 * x)[1]) == pytest.approx(float(loss.terms(noisy, x)[1]), rel=1e-3)
+    # a file whose first half is 40 dB quieter than its second; scale one half of it by 0.7
+    two_level = torch.cat([0.01 * x[..., :16000], x[..., 16000:]], dim=-1)
+    quiet_off = torch.cat([0.7 * two_level[..., :16000], two_level[..., 16000:]], dim=-1)
+    loud_off = torch.cat([two_level[..., :16000], 0.7 * two_level[..., 16000:]], dim=-1)
+    (log_q, loud_q), (log_l, loud_l) = loss.terms(quiet_off, two_level), loss.terms(loud_off, two_level)
+    assert float(log_q) == pytest.approx(float(log_l), rel=0.15)  # the log sees the same error twice
+    assert float(loud_l) > 2 * float(loud_q)  # 100^0.3 = 4 for whole frames; frames across the seam less
+    y = (0.9 * x).requires_grad_(True)
+    loss.terms(y, x)[1].backward()
+    assert torch.isfinite(y.grad).all() and y.grad.abs().sum() > 0
+
+
+def test_loudness_weight_puts_the_term_in_the_training_loss(corpus_dir, monkeypatch):
+    torch.manual_seed(0)
+    module = CodecModule(TINY, lr=3e-3, mel_n_ffts=(256, 1024), loudness_weight=20.0)
+    asked, terms = [], module.mel_loss.terms
+
+    def recording_terms(x_hat, x, reduction="mean", loudness=True):
+        asked.append(loudness and x_hat.requires_grad)
+        return terms(x_hat, x, reduction, loudness)
+
+    monkeypatch.setattr(module.mel_loss, "terms", recording_terms)
+    trainer, before, after = _train_20_steps(module, corpus_dir)
+    assert sum(asked) == 20  # every training step computed it, with gradient
+    assert after["val/loudness"] < before["val/loudness"] and math.isfinite(after["val/loudness"])
+
+
 def test_a_few_training_steps_lower_the_loss(corpus_dir):
     torch.manual_seed(0)
     module = CodecModule(TINY, lr=3e-3, mel_n_ffts=(256, 1024))
