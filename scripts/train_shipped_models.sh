@@ -6,8 +6,10 @@
 #   CODEC_STEPS3 stage 3, the whole codec (codec_speech_long_window_joint.yaml: 5000; 0: stop after
 #                the base codec and ship it, as before 2026-11-30); then the same run resumed for a
 #                second lr cycle to step 9000 (cool-down 7500-9000), stage 4, one more cycle from
-#                there (codec_speech_cycle.yaml, 6000 steps), and stage 5, a cycle on speed-perturbed
-#                crops from stage 4's float16 export (codec_speech_speed.yaml, 5000 steps)
+#                there (codec_speech_cycle.yaml, 6000 steps), stage 5, a cycle on speed-perturbed
+#                crops from stage 4's float16 export (codec_speech_speed.yaml, 5000 steps), and
+#                stage 6, stage 5's decoder alone with a loudness-scale loss, from its float16
+#                export (codec_speech_loudness_decoder.yaml, 3000 steps; tokens kept)
 #   LM_STEPS     LM stage-1 steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
 #   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; the shipped LM:
 #                300; 0: none)
@@ -41,7 +43,12 @@ if [ "$CODEC_STEPS3" -gt 0 ]; then
       --decoder-dtype float16
   $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --config recipes/codec_speech_cycle.yaml \
       --config recipes/codec_speech_speed.yaml
-  final="$(last_run codec_speech_speed)/checkpoints/last.ckpt"
+  # Stage 6 started from stage 5 as shipped, its decoder stored as float16.
+  $RVQLM export-codec "$(last_run codec_speech_speed)/checkpoints/last.ckpt" runs/codec_speech_speed/export \
+      --decoder-dtype float16
+  $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --config recipes/codec_speech_cycle.yaml \
+      --config recipes/codec_speech_speed.yaml --config recipes/codec_speech_loudness_decoder.yaml
+  final="$(last_run codec_speech_loudness_decoder)/checkpoints/last.ckpt"
 else
   final="$(last_run codec_speech_istft)/checkpoints/last.ckpt"
 fi
