@@ -98,6 +98,9 @@ class CodecModule(L.LightningModule):
         self.mel_loss = MultiScaleMelLoss(config.sample_rate, mel_n_ffts, mel_max_mels,
                                           loudness_exponent=loudness_exponent)
         self.phase_loss = PhaseDerivativeLoss(phase_n_fft, phase_hop)  # a loss when phase_weight > 0, else a metric
+        if loudness_weight < 0 or not loudness_exponent > 0:
+            raise ValueError(f"loudness_weight must be >= 0 and loudness_exponent > 0, got {loudness_weight} "
+                             f"and {loudness_exponent}")
         if phase_on not in ("output", "spectrum"):
             raise ValueError(f"phase_on must be 'output' or 'spectrum', got {phase_on!r}")
         if phase_on == "spectrum" and (config.decoder != "istft" or (phase_n_fft, phase_hop) != (

@@ -209,6 +209,10 @@ def test_loudness_weight_puts_the_term_in_the_training_loss(corpus_dir, monkeypa
     trainer, before, after = _train_20_steps(module, corpus_dir)
     assert sum(asked) == 20  # every training step computed it, with gradient
     assert after["val/loudness"] < before["val/loudness"] and math.isfinite(after["val/loudness"])
+    with pytest.raises(ValueError, match="loudness_exponent > 0"):
+        CodecModule(TINY, loudness_exponent=0.0)
+    with pytest.raises(ValueError, match="loudness_weight must be >= 0"):
+        CodecModule(TINY, loudness_weight=-1.0)
 
 
 def test_a_few_training_steps_lower_the_loss(corpus_dir):
