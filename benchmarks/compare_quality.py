@@ -66,6 +66,17 @@ def compare(before: dict, after: dict, rows: list[str] | None = None,
     return out
 
 
+def _load_run(path: str) -> dict:
+    """A codec_quality.py --json result, or a ValueError that says what is wrong with the file."""
+    try:
+        run = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from None
+    if not isinstance(run, dict) or not {"files", "per_file"} <= run.keys():
+        raise ValueError(f"{path} is not a codec_quality.py --json result (no 'files' / 'per_file')")
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("before", help="codec_quality.py --json output of the reference codec")
@@ -74,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics", nargs="*", default=list(DEFAULT_METRICS))
     p.add_argument("--json", help="also write the comparison here")
     args = p.parse_args(argv)
-    before, after = (json.loads(Path(f).read_text()) for f in (args.before, args.after))
     try:
+        before, after = (_load_run(f) for f in (args.before, args.after))
         table = compare(before, after, args.rows, tuple(args.metrics))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

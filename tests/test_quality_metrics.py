@@ -485,3 +485,8 @@ def test_compare_quality_runs_pairs_rows_and_refuses_other_files(tmp_path, capsy
     assert "different files" in capsys.readouterr().err
     after.write_text(json.dumps(run([1.6, 1.9])))
     assert cmp.main([str(before), str(after), "--rows", "ours N_c=9"]) == 2
+    (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
+    assert cmp.main([str(before), str(tmp_path / "other.json")]) == 2
+    assert "not a codec_quality.py --json result" in capsys.readouterr().err
+    assert cmp.main([str(before), str(tmp_path / "missing.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
