@@ -104,17 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from codec import Codec
     from codec.audio import load_audio
-    from codec_quality import pick_files
+    from codec_quality import mono_codec_and_files
     from quality_metrics import align, estimate_lag, mean_scores, score
-    from rvqlm.corpus import corpus_files
 
     t0 = time.perf_counter()
-    codec = Codec.from_pretrained(args.codec).eval()
-    if codec.channels != 1:
-        raise SystemExit("codec_phase.py scores mono codecs")
-    files = pick_files(corpus_files(args.corpus, args.split), args.max_files, 1.0)
+    codec, files = mono_codec_and_files(args.codec, args.corpus, args.split, args.max_files, "codec_phase.py")
     per_variant: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     for f in files:
         reference = load_audio(f, codec.sample_rate, 1)  # [1, S]

@@ -48,23 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from codec import Codec
     from codec.audio import load_audio
-    from codec_quality import SAMPLE_RATE, codec2_roundtrip, opus_roundtrip, ours_roundtrip, pick_files
+    from codec_quality import SAMPLE_RATE, codec2_roundtrip, mono_codec_and_files, opus_roundtrip, ours_roundtrip
     from quality_metrics import align, estimate_lag, pitch_agreement, pitch_track, pool_pitch
-    from rvqlm.corpus import corpus_files
 
     t0 = time.perf_counter()
-    codec = Codec.from_pretrained(args.codec).eval()
-    if codec.channels != 1:
-        raise SystemExit("codec_pitch.py scores mono codecs")
+    codec, files = mono_codec_and_files(args.codec, args.corpus, args.split, args.max_files, "codec_pitch.py")
     ks = args.n_codebooks or sorted({min(2, codec.n_codebooks), min(4, codec.n_codebooks), codec.n_codebooks})
     bad = [k for k in ks if not 1 <= k <= codec.n_codebooks]
     if bad:
         raise SystemExit(f"--n-codebooks {bad}: this codec has 1..{codec.n_codebooks}")
     systems = [f"ours N_c={k}" for k in ks] + ([] if args.no_opus else ["opus 6k voip"]) + \
               ([] if args.no_codec2 else ["codec2 3200"])
-    files = pick_files(corpus_files(args.corpus, args.split), args.max_files, 1.0)
     parts: dict[str, list] = {s: [] for s in systems}
     with tempfile.TemporaryDirectory(prefix="codec_pitch_") as tmp:
         for f in files:

@@ -209,6 +209,19 @@ def pick_files(files: list[Path], max_files: int, min_seconds: float) -> list[Pa
     return [long_enough[i * len(long_enough) // max_files] for i in range(max_files)]
 
 
+def mono_codec_and_files(codec_dir: str, corpus: str, split: str, max_files: int, script: str):
+    """A saved codec in eval mode (SystemExit naming `script` unless it is mono) and the files of
+    `corpus`/`split` that `pick_files` scores (>= 1 s): the setup of the scripts that score our
+    codec alone on held-out speech (codec_phase.py, codec_pitch.py)."""
+    from codec import Codec
+    from rvqlm.corpus import corpus_files
+
+    codec = Codec.from_pretrained(codec_dir).eval()
+    if codec.channels != 1:
+        raise SystemExit(f"{script} scores mono codecs")
+    return codec, pick_files(corpus_files(corpus, split), max_files, 1.0)
+
+
 def opus_bitrates(requested: list[float] | None, ours: list[float]) -> list[float]:
     """The requested Opus bitrates, or by default its 6 kbps floor plus each of ours at or above it."""
     if requested:
