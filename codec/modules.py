@@ -132,6 +132,32 @@ class SEANetEncoder(nn.Module):
     def forward(self, wav: torch.Tensor) -> torch.Tensor:
         return self.layers(wav)
 
+    @torch.no_grad()
+    def grow_from(self, narrower: "SEANetEncoder") -> None:
+        """Take a trained encoder with fewer base channels into this wider one, as the same function.
+
+        Every layer of `narrower` holds a leading block of this one's channels: its weights are
+        copied there, the weights from the new input channels into the old output channels are
+        zero, and the new output channels keep their fresh initialisation. The old channels then
+        compute exactly what they did, the final conv reads only them, so z [B, latent_dim, T] is
+        unchanged at step 0 (up to float summation order), while the new channels get gradients
+        and can learn what the narrow encoder had no room for. Weight norm (g * v / |v|, a norm
+        per output channel) is unaffected: the zeros add nothing to an old channel's |v|.
+        """
+        mine, theirs = self.state_dict(), narrower.state_dict()
+        if set(mine) != set(theirs):
+            raise ValueError("grow_from needs an encoder of the same layers (strides, dilations, residual units); "
+                             f"tensors differ: {sorted(set(mine) ^ set(theirs))[:4]}")
+        for name, old in theirs.items():
+            new = mine[name]
+            if (new.dim() != old.dim() or any(n < o for n, o in zip(new.shape, old.shape))
+                    or (new.dim() == 3 and new.shape[2] != old.shape[2])):
+                raise ValueError(f"grow_from: {name} is {tuple(old.shape)} in the narrower encoder, "
+                                 f"which does not fit in this one's {tuple(new.shape)}")
+            new[tuple(slice(0, n) for n in old.shape)] = old
+            if name.endswith("weight.original1"):  # v [out, in, k]: old outputs ignore the new inputs
+                new[: old.shape[0], old.shape[1]:] = 0
+
     def frame_span(self) -> tuple[int, int]:
         """(lo, hi) such that latent frame t depends exactly on samples t * hop + lo ... t * hop + hi.
 

@@ -124,7 +124,9 @@ class CodecModule(L.LightningModule):
     def _load_initial_weights(self, folder: str, new_decoder_allowed: bool = False) -> None:
         """Start from a saved codec (continue training it with fresh optimizer state, e.g. when its
         run's Lightning checkpoints are gone). Its architecture must be this recipe's, except that
-        an istft_phase "angle" codec may start an "angle_vector" one (same function at step 0), and
+        an istft_phase "angle" codec may start an "angle_vector" one (same function at step 0), a
+        SEANet encoder may start a wider one (more `encoder_channels`, same function at step 0:
+        `SEANetEncoder.grow_from`; not with train_decoder_only, which keeps the encoder), and
         with `new_decoder_allowed` (train_decoder_only) the decoder settings may differ: the encoder
         and quantizer are taken, and a new decoder learns their tokens from scratch."""
         start = Codec.from_pretrained(folder)
@@ -134,7 +136,10 @@ class CodecModule(L.LightningModule):
         grows_vectors = differ == ["istft_phase"] and (theirs["istft_phase"], mine["istft_phase"]) == (
             "angle", "angle_vector") and mine["decoder"] == "istft"
         new_decoder = bool(differ) and not grows_vectors and new_decoder_allowed and set(differ) <= set(DECODER_SETTINGS)
-        if differ and not (grows_vectors or new_decoder):
+        # A SEANet encoder may grow wider (more base channels), starting as the same function.
+        grows_encoder = (differ == ["encoder_channels"] and mine["encoder"] == "seanet" and not new_decoder_allowed
+                         and mine["encoder_channels"] > theirs["encoder_channels"])
+        if differ and not (grows_vectors or new_decoder or grows_encoder):
             hint = "" if new_decoder_allowed else " (only the decoder may differ, with train_decoder_only)"
             raise ValueError(f"init_from {folder}: its codec differs from this recipe's in "
                              + ", ".join(f"{k} ({theirs[k]!r} vs {mine[k]!r})" for k in differ) + hint)
@@ -144,6 +149,12 @@ class CodecModule(L.LightningModule):
             missing, unexpected = self.codec.load_state_dict(kept, strict=False)
             if unexpected or any(not k.startswith("decoder.") for k in missing):
                 raise ValueError(f"init_from {folder}: unexpected tensors {unexpected} / missing {missing}")
+        elif grows_encoder:
+            kept = {k: v for k, v in state.items() if not k.startswith("encoder.")}
+            missing, unexpected = self.codec.load_state_dict(kept, strict=False)
+            if unexpected or any(not k.startswith("encoder.") for k in missing):
+                raise ValueError(f"init_from {folder}: unexpected tensors {unexpected} / missing {missing}")
+            self.codec.encoder.grow_from(start.encoder)
         elif grows_vectors:
             weight, bias = state.pop("decoder.head.weight"), state.pop("decoder.head.bias")
             missing, unexpected = self.codec.load_state_dict(state, strict=False)

@@ -369,6 +369,39 @@ def test_init_from_an_angle_istft_codec_grows_phase_vectors_and_starts_as_it(tmp
         CodecModule(config.to_dict(), init_from=str(grown.save_pretrained(tmp_path / "vector")))
 
 
+def test_init_from_a_narrower_seanet_encoder_grows_it_as_the_same_function(tmp_path):
+    """encoder_channels k -> 2k: at step 0 the wider codec encodes to the same latents and tokens
+    and decodes the same audio; one training step then moves the new channels' weights (they learn)."""
+    torch.manual_seed(0)
+    saved = Codec(TINY).eval().save_pretrained(tmp_path / "narrow")
+    start = Codec.from_pretrained(saved)
+    wide = {**TINY.to_dict(), "encoder_channels": 2 * TINY.encoder_channels}
+    module = CodecModule(wide, init_from=str(saved), lr=1e-2)
+    grown = module.codec.eval()
+    assert sum(p.numel() for p in grown.encoder.parameters()) > 2 * sum(p.numel() for p in start.encoder.parameters())
+    wav = torch.randn(2, 1, 6400) * 0.1
+    with torch.no_grad():
+        assert torch.allclose(grown.encoder(wav), start.encoder(wav), atol=1e-6)
+    codes = start.encode(wav)
+    assert torch.equal(grown.encode(wav), codes)
+    assert torch.equal(grown.decode(codes), start.decode(codes))
+    narrow_state = start.state_dict()
+    assert all(torch.equal(v, narrow_state[k]) for k, v in grown.state_dict().items() if not k.startswith("encoder."))
+    # The zero block (old outputs from new inputs) of the last conv gets a gradient.
+    last = grown.encoder.layers[-1].conv.parametrizations.weight.original1
+    assert last.shape[1] == 2 * start.encoder.layers[-1].conv.parametrizations.weight.original1.shape[1]
+    old_in = last.shape[1] // 2
+    assert torch.count_nonzero(last[:, old_in:]) == 0
+    grown.train()
+    out = grown(wav)
+    ((out.audio - wav) ** 2).mean().add(out.latent.pow(2).mean()).backward()
+    assert torch.count_nonzero(last.grad[:, old_in:]) > 0
+    with pytest.raises(ValueError, match="differs from this recipe's in encoder_channels"):
+        CodecModule({**TINY.to_dict(), "encoder_channels": 2}, init_from=str(saved))  # narrower: refused
+    with pytest.raises(ValueError, match="encoder_channels"):
+        CodecModule(wide, init_from=str(saved), train_decoder_only=True)  # would keep the old encoder
+
+
 def test_a_new_decoder_for_a_saved_codecs_tokens(tmp_path):
     """train_decoder_only with other decoder settings: the encoder and quantizer come from init_from
     (same tokens, same token fingerprint), the decoder starts fresh; without train_decoder_only, or
