@@ -7,7 +7,9 @@ Each configuration runs the real training computation of `recipes/codec_speech_i
 AdamW step) on random audio of the recipe's batch shape; the first step (k-means init, allocator
 warm-up) is left out and the median of the others is reported, with each configuration's ratio to
 the SEANet decoder run in the same process (this machine is shared and noisy: compare ratios).
-The discriminator is timed on its own (`--disc`), as the adversarial part of a step.
+The discriminators are timed on their own (`--disc`), as the adversarial part of a step: the
+multi-scale STFT one (FFT sizes 1024 / 512 / 256) at 32 and 8 filters, and the multi-period one
+(periods 2 / 3 / 5 / 7 / 11) at 16 and 8 filters.
 """
 
 from __future__ import annotations
@@ -50,10 +52,11 @@ def time_codec_steps(config: CodecConfig, wav: torch.Tensor, steps: int) -> list
     return times[1:]
 
 
-def time_discriminator(wav: torch.Tensor, filters: int, steps: int) -> list[float]:
-    from codec.discriminator import (MultiScaleSTFTDiscriminator, discriminator_hinge_loss,
-                                     feature_matching_loss, generator_hinge_loss)
-    disc = MultiScaleSTFTDiscriminator((1024, 512, 256), wav.shape[1], filters)
+def time_discriminator(wav: torch.Tensor, steps: int, **settings) -> list[float]:
+    """One discriminator update and one generator-side pass (hinge + feature matching), as in training."""
+    from codec.discriminator import (CodecDiscriminator, discriminator_hinge_loss, feature_matching_loss,
+                                     generator_hinge_loss)
+    disc = CodecDiscriminator(channels=wav.shape[1], **settings)
     fake = (torch.randn_like(wav) * 0.1).requires_grad_()
     times = []
     for _ in range(steps + 1):
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=7, help="timed steps per configuration (after one warm-up)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seconds", type=float, default=1.0, help="crop length")
-    p.add_argument("--disc", action="store_true", help="also time the MS-STFT discriminator (32 and 8 filters)")
+    p.add_argument("--disc", action="store_true", help="also time the discriminators (MS-STFT, multi-period)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     wav = torch.randn(args.batch, 1, int(16000 * args.seconds)) * 0.1
@@ -91,10 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<30} decoder {params:5.2f} M params  {med:6.3f} s/step  {audio_s / med:6.1f} s audio/s  "
               f"x{base / med:.2f} vs seanet", flush=True)
     if args.disc:
-        for filters in (32, 8):
-            med = statistics.median(time_discriminator(wav, filters, max(2, args.steps // 3)))
-            print(f"{'MS-STFT discriminator, ' + str(filters) + ' filters':<30} {'':>21}  {med:6.3f} s/step  "
-                  f"(x{med / base:.1f} a SEANet codec step)", flush=True)
+        discriminators = {f"MS-STFT, {f} filters": dict(filters=f) for f in (32, 8)}
+        discriminators.update({f"multi-period, {f} filters": dict(n_ffts=(), periods=(2, 3, 5, 7, 11), period_filters=f)
+                               for f in (16, 8)})
+        for name, settings in discriminators.items():
+            med = statistics.median(time_discriminator(wav, max(2, args.steps // 3), **settings))
+            print(f"{name + ' discriminator':<30} {'':>21}  {med:6.3f} s/step  (x{med / base:.1f} a SEANet codec step)",
+                  flush=True)
     return 0
 
 

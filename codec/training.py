@@ -29,7 +29,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from codec.audio import save_audio
 from codec.data import CodecDataModule
-from codec.discriminator import (MultiScaleSTFTDiscriminator, discriminator_hinge_loss, feature_matching_loss,
+from codec.discriminator import (CodecDiscriminator, discriminator_hinge_loss, feature_matching_loss,
                                  generator_hinge_loss, load_discriminator)
 from codec.losses import MultiScaleMelLoss, PhaseDerivativeLoss, mel_distance, si_sdr, waveform_l1
 from codec.model import DECODER_SETTINGS, DISCRIMINATOR_NAME, Codec, CodecConfig
@@ -83,7 +83,8 @@ class CodecModule(L.LightningModule):
                  phase_hop: int = 80, phase_on: str = "output",
                  adversarial: bool = False, adversarial_start_step: int = 0, adv_weight: float = 1.0,
                  feat_weight: float = 2.0, disc_lr: float = 3e-4, disc_n_ffts: Sequence[int] = (1024, 512, 256),
-                 disc_filters: int = 32, audio_examples: int = 2, init_from: Optional[str] = None,
+                 disc_filters: int = 32, disc_periods: Sequence[int] = (), disc_period_filters: int = 16,
+                 audio_examples: int = 2, init_from: Optional[str] = None,
                  train_decoder_only: bool = False):
         super().__init__()
         config = codec if isinstance(codec, CodecConfig) else CodecConfig.from_dict(dict(codec or {}))
@@ -92,6 +93,7 @@ class CodecModule(L.LightningModule):
         self.hparams["codec"] = config.to_dict()
         self.hparams["betas"] = list(betas)
         self.hparams["mel_n_ffts"], self.hparams["disc_n_ffts"] = list(mel_n_ffts), list(disc_n_ffts)
+        self.hparams["disc_periods"] = list(disc_periods)
         self.hparams["mel_max_mels"] = mel_max_mels if isinstance(mel_max_mels, int) else list(mel_max_mels)
         self.automatic_optimization = False
         self.codec = Codec(config)
@@ -107,8 +109,8 @@ class CodecModule(L.LightningModule):
                 config.istft_window, config.istft_hop)):
             raise ValueError("phase_on='spectrum' needs the iSTFT decoder, with phase_n_fft = its istft_n_fft "
                              f"({config.istft_window}) and phase_hop = istft_hop ({config.istft_hop})")
-        self.discriminator = (MultiScaleSTFTDiscriminator(disc_n_ffts, config.channels, disc_filters)
-                              if adversarial else None)
+        self.discriminator = (CodecDiscriminator(disc_n_ffts, config.channels, disc_filters, periods=disc_periods,
+                                                 period_filters=disc_period_filters) if adversarial else None)
         self._last_step_end: float | None = None
         self._originals_written = False
         self._rng_to_restore: dict | None = None

@@ -276,15 +276,17 @@ def test_an_interrupted_codec_run_resumes_exactly(tmp_path, corpus_dir):
 def test_adversarial_training_exports_the_discriminator(tmp_path, corpus_dir):
     assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "3", "--model.adversarial", "true",
                 "--model.adversarial_start_step", "1", "--model.disc_filters", "4",
-                "--model.disc_n_ffts", "[256, 128]") == 0
+                "--model.disc_n_ffts", "[256, 128]", "--model.disc_periods", "[2, 3]",
+                "--model.disc_period_filters", "4") == 0
     run = tmp_path / "codec_tiny" / "version_0"
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     disc_steps = sorted(int(r["step"]) for r in rows if r.get("train/disc"))
     assert disc_steps == [1, 2]  # off before adversarial_start_step; global_step counts codec steps only
     disc = load_discriminator(run / "pretrained" / "discriminator.safetensors")
-    assert len(disc.discriminators) == 2
+    assert len(disc.discriminators) == 4 and disc.config["periods"] == [2, 3]
     logits, features = disc(torch.randn(1, 1, 4000))
-    assert len(logits) == 2 and len(features[0]) == 5
+    assert len(logits) == 4 and len(features[0]) == 5 and len(features[2]) == 4
+    assert logits[2].shape[-1] == 2 and logits[3].shape[-1] == 3
     Codec.from_pretrained(run / "pretrained")  # the discriminator file does not disturb loading
 
 
