@@ -9,7 +9,9 @@
 #                there (codec_speech_cycle.yaml, 6000 steps), stage 5, a cycle on speed-perturbed
 #                crops from stage 4's float16 export (codec_speech_speed.yaml, 5000 steps), and
 #                stage 6, stage 5's decoder alone with a loudness-scale loss, from its float16
-#                export (codec_speech_loudness_decoder.yaml, 3000 steps; tokens kept)
+#                export (codec_speech_loudness_decoder.yaml, 3000 steps; tokens kept), and stage 7,
+#                a whole-codec cycle with that loss from stage 6's float16 export
+#                (codec_speech_loudness_cycle.yaml, 4000 steps; new tokens)
 #   LM_STEPS     LM stage-1 steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
 #   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; the shipped LM:
 #                300; 0: none)
@@ -48,7 +50,12 @@ if [ "$CODEC_STEPS3" -gt 0 ]; then
       --decoder-dtype float16
   $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --config recipes/codec_speech_cycle.yaml \
       --config recipes/codec_speech_speed.yaml --config recipes/codec_speech_loudness_decoder.yaml
-  final="$(last_run codec_speech_loudness_decoder)/checkpoints/last.ckpt"
+  # Stage 7 started from stage 6 as shipped, its decoder stored as float16.
+  $RVQLM export-codec "$(last_run codec_speech_loudness_decoder)/checkpoints/last.ckpt" \
+      runs/codec_speech_loudness_decoder/export --decoder-dtype float16
+  $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --config recipes/codec_speech_cycle.yaml \
+      --config recipes/codec_speech_speed.yaml --config recipes/codec_speech_loudness_cycle.yaml
+  final="$(last_run codec_speech_loudness_cycle)/checkpoints/last.ckpt"
 else
   final="$(last_run codec_speech_istft)/checkpoints/last.ckpt"
 fi
