@@ -51,6 +51,11 @@ class StepScheduleLR(torch.optim.lr_scheduler.LambdaLR):
 class CodecModule(L.LightningModule):
     """The codec plus its losses (and optional discriminator), trained on batches wav [B, C, S].
 
+    adversarial: train against a `codec.discriminator.CodecDiscriminator` from
+    `adversarial_start_step` on: multi-scale STFT discriminators at `disc_n_ffts` (`disc_filters`
+    wide) and multi-period ones at `disc_periods` (`disc_period_filters` wide); either list may be
+    empty, not both.
+
     codec: the architecture (a CodecConfig; a dict of its fields is accepted too, as stored in
     checkpoints). Loss weights: mel_weight * multi-scale log-mel L1 + l1_weight * waveform L1 +
     commitment (weighted by codec.commitment_weight) [+ loudness_weight * a loudness-scale distance
