@@ -152,15 +152,9 @@ class CodecModule(L.LightningModule):
                              + ", ".join(f"{k} ({theirs[k]!r} vs {mine[k]!r})" for k in differ) + hint)
         state = start.state_dict()
         if new_decoder:
-            kept = {k: v for k, v in state.items() if not k.startswith("decoder.")}
-            missing, unexpected = self.codec.load_state_dict(kept, strict=False)
-            if unexpected or any(not k.startswith("decoder.") for k in missing):
-                raise ValueError(f"init_from {folder}: unexpected tensors {unexpected} / missing {missing}")
+            self._load_all_but("decoder.", state, folder)
         elif grows_encoder:
-            kept = {k: v for k, v in state.items() if not k.startswith("encoder.")}
-            missing, unexpected = self.codec.load_state_dict(kept, strict=False)
-            if unexpected or any(not k.startswith("encoder.") for k in missing):
-                raise ValueError(f"init_from {folder}: unexpected tensors {unexpected} / missing {missing}")
+            self._load_all_but("encoder.", state, folder)
             self.codec.encoder.grow_from(start.encoder)
         elif grows_vectors:
             weight, bias = state.pop("decoder.head.weight"), state.pop("decoder.head.bias")
@@ -170,6 +164,13 @@ class CodecModule(L.LightningModule):
             self.codec.decoder.from_angle_head(weight, bias)
         else:
             self.codec.load_state_dict(state)
+
+    def _load_all_but(self, prefix: str, state: dict[str, torch.Tensor], folder: str) -> None:
+        """Load every tensor of `state` outside `prefix` (e.g. "decoder."), which the caller fills."""
+        kept = {k: v for k, v in state.items() if not k.startswith(prefix)}
+        missing, unexpected = self.codec.load_state_dict(kept, strict=False)
+        if unexpected or any(not k.startswith(prefix) for k in missing):
+            raise ValueError(f"init_from {folder}: unexpected tensors {unexpected} / missing {missing}")
 
     # ------------------------------------------------------------------ optimization
 
