@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                                for f in (16, 8)})
         for name, settings in discriminators.items():
             med = statistics.median(time_discriminator(wav, max(2, args.steps // 3), **settings))
-            print(f"{name + ' discriminator':<30} {'':>21}  {med:6.3f} s/step  (x{med / base:.1f} a SEANet codec step)",
+            print(f"{name + ' discriminator':<40} {'':>11}  {med:6.3f} s/step  (x{med / base:.1f} a SEANet codec step)",
                   flush=True)
     return 0
 
