@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<32} {m['mel']:>7.3f} {m['si_sdr']:>9.2f} {m['stoi']:>7.3f} {m['pesq']:>7.2f}")
     print(f"wall time {time.perf_counter() - t0:.0f} s")
     if args.json:
-        from rvqlm.atomic import atomic_write_json
+        from rvqlm_core.atomic import atomic_write_json
 
         atomic_write_json(Path(args.json), {"codec": str(args.codec), "codec_fingerprint": codec.fingerprint(),
                                             "split": args.split, "files": [str(f) for f in files],

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['voicing_recall']:>9.3f} {r['false_voicing']:>8.3f}")
     print(f"wall time {time.perf_counter() - t0:.0f} s")
     if args.json:
-        from rvqlm.atomic import atomic_write_json
+        from rvqlm_core.atomic import atomic_write_json
 
         atomic_write_json(Path(args.json), {"codec": str(args.codec), "codec_fingerprint": codec.fingerprint(),
                                             "split": args.split, "files": [str(f) for f in files],

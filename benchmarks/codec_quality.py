@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     print(verdict["line"])
     print(f"wall time {wall:.0f} s")
     if args.json:
-        from rvqlm.atomic import atomic_write_json
+        from rvqlm_core.atomic import atomic_write_json
 
         atomic_write_json(args.json, {
             "codec": str(args.codec), "codec_fingerprint": codec.fingerprint(), "corpus": str(args.corpus),

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['row']:<16} {r['metric']:<7} {r['before']:8.3f} {r['after']:8.3f} {r['diff']:+13.4f} "
               f"{r['se']:7.4f} {r['better']}/{r['files']}")
     if args.json:
-        from rvqlm.atomic import atomic_write_json
+        from rvqlm_core.atomic import atomic_write_json
 
         atomic_write_json(args.json, {"before": args.before, "after": args.after, "rows": table})
     return 0

@@ -48,7 +48,7 @@ from lm import MultiCodebookLM  # noqa: E402
 from lm.data import TokenFiles  # noqa: E402
 from lm.generate import fresh_window  # noqa: E402
 from lm.training import check_fingerprint  # noqa: E402
-from rvqlm.token_shards import TokenShards  # noqa: E402
+from rvqlm_core.token_shards import TokenShards  # noqa: E402
 
 MODES = ("recompute", "ring + sink", "plain ring")
 
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\njump = first W/4 after - last W/4 before. The recompute row is the reference: its jump is the data's "
           f"own (what those positions hold); a cliff is a cached row jumping more. {elapsed:.1f} s")
     if args.json is not None:
-        from rvqlm.atomic import atomic_write_text
+        from rvqlm_core.atomic import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
     return 0

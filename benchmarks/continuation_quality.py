@@ -137,7 +137,7 @@ class Prompts:
 def held_out_prompts(tokens_dir: str, split: str, count: int, prompt_frames: int, new_frames: int) -> Prompts:
     """The first prompt_frames of up to `count` files of the split (those long enough), evenly spread."""
     from lm.data import TokenFiles
-    from rvqlm.token_shards import TokenShards
+    from rvqlm_core.token_shards import TokenShards
 
     shards = TokenShards.open(tokens_dir)
     files = TokenFiles.of_split(tokens_dir, split, shards=shards)
@@ -159,7 +159,7 @@ def held_out_prompts(tokens_dir: str, split: str, count: int, prompt_frames: int
 # ---- the benchmark --------------------------------------------------------------------------------
 
 def check_pairing(model, codec, tokens_dir: str) -> None:
-    from rvqlm.token_shards import TokenShards
+    from rvqlm_core.token_shards import TokenShards
 
     fp = codec.token_fingerprint()
     if model.cfg.codec_fingerprint is not None and not codec.accepts_tokens(model.cfg.codec_fingerprint):
@@ -177,7 +177,7 @@ def check_pairing(model, codec, tokens_dir: str) -> None:
 def held_out_nll(model, tokens_dir: str, split: str) -> dict:
     """held_out_report, with the unigram baseline when the folder has a train split to fit it on."""
     from lm.training import held_out_report
-    from rvqlm.token_shards import TokenShards
+    from rvqlm_core.token_shards import TokenShards
 
     has_train = any(e.path.startswith("train/") and e.n_frames for e in TokenShards.open(tokens_dir).entries)
     return held_out_report(model, tokens_dir, split, unigram=has_train)
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(files end sooner than prompt + --seconds)")
     print(f"wall time {wall:.0f} s")
     if args.json:
-        from rvqlm.atomic import atomic_write_json
+        from rvqlm_core.atomic import atomic_write_json
 
         atomic_write_json(args.json, {
             "lm": str(args.lm), "codec": str(args.codec), "codec_fingerprint": codec.fingerprint(),

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         results["latency"] = {"step_s": step, "step_cpu_s": step_cpu, "bound_s": bound, "bound_weights_only_s": bound_w,
                               "kv_bytes_mean": kv_bytes}
     if args.json:
-        from rvqlm.atomic import atomic_write_json
+        from rvqlm_core.atomic import atomic_write_json
 
         atomic_write_json(Path(args.json), results)
     return 0

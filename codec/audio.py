@@ -20,7 +20,7 @@ import soundfile as sf
 import torch
 import torchaudio.functional as AF
 
-from rvqlm.atomic import atomic_path
+from rvqlm_core.atomic import atomic_path
 
 #: File suffixes the folder walkers pick up (libsndfile's formats, mp3 included since 1.1).
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".w64", ".caf")

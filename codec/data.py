@@ -25,7 +25,7 @@ import torchaudio.functional as AF
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from codec.audio import AUDIO_SUFFIXES, audio_info, load_audio
-from rvqlm.batch_stream import StreamLoader, StreamPosition, worker_share
+from rvqlm_core.batch_stream import StreamLoader, StreamPosition, worker_share
 
 
 def list_audio_files(folder: str | os.PathLike) -> list[Path]:
@@ -178,7 +178,8 @@ class CodecDataModule(L.LightningDataModule):
     """Training / validation crops for the codec.
 
     Sources: `train_dir` / `valid_dir` (folders of audio files), or, when they are not given, the
-    built-in corpus at `corpus_dir` (its train / valid splits; the test split is never read).
+    folder `corpus_dir` split into `train/` and `valid/` subfolders, as the built-in corpus is (its
+    `test/` is never read).
     `sample_rate` / `channels` must be the codec's (the recipes link them to the model's config).
     `speeds`: speed perturbation of the training crops (see RandomCropDataset; validation crops
     are never perturbed).
@@ -207,12 +208,11 @@ class CodecDataModule(L.LightningDataModule):
             return list_audio_files(folder)
         if split == "valid" and hp.train_dir is not None:
             raise ValueError("train_dir is set but valid_dir is not; give a held-out folder for validation")
-        from rvqlm.corpus import corpus_files
-
-        files = corpus_files(hp.corpus_dir, split)
-        if not files:
-            raise ValueError(f"the corpus at {hp.corpus_dir} has no {split} files")
-        return files
+        folder = Path(hp.corpus_dir) / split
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{hp.corpus_dir} has no {split}/ folder: corpus_dir must be split into train/ "
+                                    "and valid/ folders (`rvqlm corpus prepare` makes one)")
+        return list_audio_files(folder)
 
     def setup(self, stage: str | None = None) -> None:
         hp = self.hparams

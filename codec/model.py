@@ -39,8 +39,8 @@ from codec.istft_decoder import ISTFTDecoder
 from codec.stft_encoder import STFTEncoder
 from codec.modules import SEANetDecoder, SEANetEncoder
 from codec.quantizer import QuantizerOutput, ResidualVectorQuantizer
-from rvqlm.atomic import refuse_foreign_folder, usual_permissions
-from rvqlm.weight_dtype import loads_as, storage_dtype
+from rvqlm_core.atomic import refuse_foreign_folder, usual_permissions
+from rvqlm_core.weight_dtype import loads_as, storage_dtype
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rvqlm.atomic import atomic_write_bytes
+from rvqlm_core.atomic import atomic_write_bytes
 
 MAGIC = b"RVQLM\x00\r\n"
 VERSION = 1

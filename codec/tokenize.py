@@ -1,4 +1,4 @@
-"""Tokenize a folder of audio files into token shards (`rvqlm.token_shards`), fast and resumable.
+"""Tokenize a folder of audio files into token shards (`rvqlm_core.token_shards`), fast and resumable.
 
     summary = tokenize_folder("audio/", "tokens/", codec, workers=1)
 
@@ -46,7 +46,7 @@ import torch
 import torch.nn.utils.parametrize
 
 from codec.audio import AUDIO_SUFFIXES, AudioError, audio_info, iter_audio_blocks
-from rvqlm.token_shards import (CODEC_JSON, DEFAULT_SHARD_FRAMES, ShardWriter, TokenShardError, read_codec_json,
+from rvqlm_core.token_shards import (CODEC_JSON, DEFAULT_SHARD_FRAMES, ShardWriter, TokenShardError, read_codec_json,
                                 write_errors)
 
 #: Files longer than this are streamed in blocks of this length; shorter ones are read whole.

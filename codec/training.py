@@ -33,7 +33,7 @@ from codec.discriminator import (CodecDiscriminator, discriminator_hinge_loss, f
                                  generator_hinge_loss, load_discriminator)
 from codec.losses import MultiScaleMelLoss, PhaseDerivativeLoss, mel_distance, si_sdr, waveform_l1
 from codec.model import DECODER_SETTINGS, DISCRIMINATOR_NAME, Codec, CodecConfig
-from rvqlm.rng_state import get_rng_state, set_rng_state
+from rvqlm_core.rng_state import get_rng_state, set_rng_state
 
 
 class StepScheduleLR(torch.optim.lr_scheduler.LambdaLR):

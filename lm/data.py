@@ -40,8 +40,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from rvqlm.batch_stream import StreamLoader, StreamPosition, worker_share
-from rvqlm.token_shards import TokenShards
+from rvqlm_core.batch_stream import StreamLoader, StreamPosition, worker_share
+from rvqlm_core.token_shards import TokenShards
 
 SplitBy = Literal["prefix", "hash"]
 

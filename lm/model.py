@@ -303,8 +303,8 @@ class MultiCodebookLM(nn.Module):
         """
         from safetensors.torch import save_file
 
-        from rvqlm.atomic import atomic_path, atomic_write_json
-        from rvqlm.weight_dtype import storage_dtype
+        from rvqlm_core.atomic import atomic_path, atomic_write_json
+        from rvqlm_core.weight_dtype import storage_dtype
 
         stored_as = storage_dtype(dtype)
 
@@ -328,7 +328,7 @@ class MultiCodebookLM(nn.Module):
         from safetensors import SafetensorError
         from safetensors.torch import load_file, safe_open
 
-        from rvqlm.weight_dtype import loads_as
+        from rvqlm_core.weight_dtype import loads_as
 
         path = Path(path)
         if not path.is_dir():

@@ -42,8 +42,8 @@ from torch import Tensor, nn
 from lm.config import LMConfig
 from lm.data import TokenDataModule, TokenFiles, ValidWindows
 from lm.model import CONFIG_FILE, WEIGHTS_FILE, MultiCodebookLM
-from rvqlm.atomic import atomic_path, refuse_foreign_folder
-from rvqlm.rng_state import get_rng_state, set_rng_state
+from rvqlm_core.atomic import atomic_path, refuse_foreign_folder
+from rvqlm_core.rng_state import get_rng_state, set_rng_state
 
 # ---- measurement ------------------------------------------------------------------------------------
 
@@ -299,7 +299,7 @@ def unigram_nll(train: TokenFiles, held_out: TokenFiles, n_codebooks: int, codeb
     """The unigram baseline: per-codebook token frequencies of the training files (add-`smoothing`),
     scored on every frame of the held-out files. Returns ([N_c] summed NLL, [N_c] counts), the same
     targets the LM is scored on by `evaluate_nll` over `ValidWindows` of those files."""
-    from rvqlm.token_shards import TokenShards
+    from rvqlm_core.token_shards import TokenShards
 
     shards = TokenShards.open(train.tokens_dir)
     counts = np.full((n_codebooks, codebook_size), smoothing, dtype=np.float64)
@@ -327,7 +327,7 @@ def held_out_report(model: MultiCodebookLM, tokens_dir: str, split: str = "valid
     Refuses tokens of another codec (fingerprint) or another (N_c, |V|) layout, and windows longer
     than the LM's context. Returns a JSON-ready dict (`rvqlm eval-lm` prints it).
     """
-    from rvqlm.token_shards import TokenShards
+    from rvqlm_core.token_shards import TokenShards
 
     cfg = model.cfg
     shards = TokenShards.open(tokens_dir)

@@ -24,7 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from codec.audio import AudioError, load_audio, save_audio
-from rvqlm.atomic import atomic_write_json
+from rvqlm_core.atomic import atomic_write_json
 
 FILLETS_SOUND_DIR = Path(os.environ.get("RVQLM_FILLETS_DIR", "/usr/share/games/fillets-ng/sound"))
 DEFAULT_CORPUS_DIR = Path(os.environ.get("RVQLM_CORPUS_DIR", "data/fillets-cs-16k"))

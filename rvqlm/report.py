@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from rvqlm.atomic import atomic_path, atomic_write_text
+from rvqlm_core.atomic import atomic_path, atomic_write_text
 
 
 @dataclass

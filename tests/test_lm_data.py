@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from lm.data import (StreamPosition, TokenDataModule, TokenFiles, TrainWindowStream, ValidWindows, hash_fraction,
                      select_split)
-from rvqlm.token_shards import TokenShards, write_token_corpus
+from rvqlm_core.token_shards import TokenShards, write_token_corpus
 
 FINGERPRINT = "5a" * 32
 

@@ -242,7 +242,7 @@ def test_eval_lm_prints_per_codebook_nll_next_to_the_unigram_baseline(trained, t
     assert report["nll_per_codebook"] == pytest.approx((nll / count).tolist(), rel=1e-6)
     assert report["tokens_per_codebook"] == [valid.total_frames] * 3
     # Unigram baseline by hand: add-one frequencies of the train files, scored on the valid files.
-    from rvqlm.token_shards import TokenShards
+    from rvqlm_core.token_shards import TokenShards
     shards = TokenShards.open(tokens)
     train_tok = np.concatenate([shards.read(e) for e in shards.entries if e.path.startswith("train/")])
     valid_tok = np.concatenate([shards.read(e) for e in shards.entries if e.path.startswith("valid/")])

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from rvqlm.token_shards import (
+from rvqlm_core.token_shards import (
     ShardEntry,
     ShardWriter,
     TokenShardError,

@@ -23,7 +23,7 @@ from codec.audio import iter_audio_blocks, load_audio
 from codec.model import Codec, CodecConfig
 from codec.tokenize import find_audio_files, tokenize_folder
 from rvqlm.cli import main as cli_main
-from rvqlm.token_shards import TokenShards, read_errors
+from rvqlm_core.token_shards import TokenShards, read_errors
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(strides=(4, 4, 5, 4), encoder_channels=2, decoder_channels=2, latent_dim=8, n_codebooks=3,

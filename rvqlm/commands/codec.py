@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from rvqlm.weight_dtype import STORAGE_DTYPES
+from rvqlm_core.weight_dtype import STORAGE_DTYPES
 
 #: Whole-file commands hold the signal and the decoder's activations in memory; longer files
 #: belong to `rvqlm tokenize` (chunked).

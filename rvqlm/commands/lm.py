@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from rvqlm.weight_dtype import STORAGE_DTYPES
+from rvqlm_core.weight_dtype import STORAGE_DTYPES
 
 TRAIN_HELP = """Train the LM through LightningCLI `fit`. Every argument goes to LightningCLI:
   --config RECIPE.yaml (recipes/lm_tiny.yaml, recipes/lm_speech.yaml), overrides such as
@@ -72,7 +72,7 @@ def _export(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from lm.model import MultiCodebookLM
     from lm.training import held_out_report
-    from rvqlm.atomic import atomic_write_json
+    from rvqlm_core.atomic import atomic_write_json
 
     model = MultiCodebookLM.from_pretrained(args.lm)
     report = {"lm": str(args.lm), **held_out_report(

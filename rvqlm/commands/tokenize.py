@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     from codec.model import Codec
     from codec.tokenize import tokenize_folder
-    from rvqlm.token_shards import DEFAULT_SHARD_FRAMES
+    from rvqlm_core.token_shards import DEFAULT_SHARD_FRAMES
 
     threads = args.threads if args.threads is not None else max(1, (os.cpu_count() or 1) - max(args.workers, 0))
     if threads < 1:

@@ -38,7 +38,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from rvqlm.atomic import atomic_path, atomic_write_json, atomic_write_text
+from rvqlm_core.atomic import atomic_path, atomic_write_json, atomic_write_text
 
 FORMAT = "rvqlm-token-shards"
 VERSION = 1

@@ -1,0 +1,139 @@
+"""The package layout stays layered: imports run down the layers only, no files import each other
+in a circle, and files and functions stay a size a reader can hold (the layout in README.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Each package and the packages it may import: nothing imports a layer above its own.
+LAYERS = {
+    "rvqlm_core": set(),
+    "codec": {"rvqlm_core"},
+    "lm": {"rvqlm_core"},
+    "rvqlm": {"rvqlm_core", "codec", "lm"},
+    "benchmarks": {"rvqlm_core", "codec", "lm", "rvqlm"},
+}
+LIBRARIES = ("rvqlm_core", "codec", "lm", "rvqlm")
+MAX_FILE_LINES = 450
+MAX_FUNCTION_LINES = 60
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    found = {}
+    for package in LAYERS:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _imports(path: Path, name: str, known: dict[str, Path]) -> set[str]:
+    """The project modules that `path` imports anywhere: top level, inside functions, TYPE_CHECKING."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".")
+                keep = len(anchor) - node.level + (1 if path.name == "__init__.py" else 0)
+                base = ".".join(anchor[:keep] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    known = _modules(root)
+    return {name: _imports(path, name, known) for name, path in known.items()}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for module, targets in graph.items():
+        package = module.split(".")[0]
+        wrong += [f"{module} imports {t}" for t in targets
+                  if t.split(".")[0] != package and t.split(".")[0] not in LAYERS[package]]
+    return sorted(wrong)
+
+
+def circles(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle per back edge of a depth-first search, written a -> b -> a."""
+    state: dict[str, int] = {}
+    found: list[str] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                found.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def oversized(root: Path) -> list[str]:
+    found = []
+    for package in LIBRARIES:
+        for path in sorted((root / package).rglob("*.py")):
+            text = path.read_text()
+            if text.count("\n") > MAX_FILE_LINES:
+                found.append(f"{path.relative_to(root)}: {text.count(chr(10))} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = node.end_lineno - node.lineno + 1
+                    if length > MAX_FUNCTION_LINES:
+                        found.append(f"{path.relative_to(root)}:{node.lineno} {node.name}(): {length} lines")
+    return found
+
+
+def test_imports_run_down_the_layers_only():
+    assert upward_imports(import_graph(REPO)) == []
+
+
+def test_no_files_import_each_other_in_a_circle():
+    assert circles(import_graph(REPO)) == []
+
+
+def test_files_and_functions_stay_small():
+    assert oversized(REPO) == []
+
+
+def test_the_checks_find_what_they_look_for(tmp_path):
+    """A planted upward import, a planted circle (one of them lazy, one relative) and a long
+    function are each reported: the checks above can fail."""
+    files = {
+        "rvqlm_core/__init__.py": "",
+        "codec/__init__.py": "",
+        "codec/data.py": "def f():\n    from rvqlm.corpus import corpus_files\n",
+        "lm/__init__.py": "",
+        "lm/model.py": "from lm.generate import generate\n",
+        "lm/generate.py": "def g():\n    from .model import M\n",
+        "rvqlm/__init__.py": "",
+        "rvqlm/corpus.py": "import codec\n\n\ndef h():\n" + "    x = 1\n" * 70,
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    graph = import_graph(tmp_path)
+    assert upward_imports(graph) == ["codec.data imports rvqlm.corpus"]
+    assert circles(graph) == ["lm.generate -> lm.model -> lm.generate"]
+    assert oversized(tmp_path) == ["rvqlm/corpus.py:4 h(): 71 lines"]
