@@ -91,13 +91,7 @@ def prepare_corpus(
         raise CorpusError(f"{out} holds a corpus prepared with {meta.get('settings')}, not {settings}; use another folder")
     files = list_source_files(sound_dir)
     if max_files_per_split is not None:
-        kept: dict[str, int] = {}
-        chosen = []
-        for f in files:
-            if kept.get(f.split, 0) < max_files_per_split:
-                kept[f.split] = kept.get(f.split, 0) + 1
-                chosen.append(f)
-        files = chosen
+        files = _first_per_split(files, max_files_per_split, lambda f: f.split)
     entries, skipped = [], []
     for f in tqdm(files, desc="preparing corpus", unit="file", disable=not progress):
         dest = out / f.relpath
@@ -110,9 +104,31 @@ def prepare_corpus(
             continue
         entries.append({"path": f.relpath, "split": f.split, "level": f.level, "source": str(f.source),
                         "seconds": frames / sample_rate})
-    summary = {s: round(sum(e["seconds"] for e in entries if e["split"] == s) / 60, 2) for s in SPLITS}
     atomic_write_json(meta_path, {"name": "fillets-ng-data-cs", "license": "GPL-2+", "settings": settings,
-                                  "minutes": summary, "files": entries, "skipped": skipped})
+                                  "minutes": _minutes(entries), "files": entries, "skipped": skipped})
+    return out
+
+
+def corpus_subset(corpus_dir: str | os.PathLike, out_dir: str | os.PathLike, per_split: int) -> Path:
+    """The first `per_split` files of each split of a prepared corpus, linked (symlinks) into `out_dir`
+    with their own corpus.json: a quick corpus (`rvqlm demo --corpus-files`). Returns `out_dir`."""
+    if per_split < 1:
+        raise ValueError(f"files per split must be >= 1, got {per_split}")
+    source, out = Path(corpus_dir).resolve(), Path(out_dir)
+    meta = _read_meta(source)
+    settings = {**meta["settings"], "subset_of": str(source), "files_per_split": per_split}
+    meta_path = out / "corpus.json"
+    if meta_path.exists():
+        if json.loads(meta_path.read_text()).get("settings") == settings:
+            return out
+        raise CorpusError(f"{out} holds another corpus than the first {per_split} files per split of {source}")
+    entries = _first_per_split(meta["files"], per_split, lambda e: e["split"])
+    for e in entries:
+        link = out / e["path"]
+        if not link.is_symlink():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(source / e["path"])
+    atomic_write_json(meta_path, {**meta, "settings": settings, "minutes": _minutes(entries), "files": entries})
     return out
 
 
@@ -121,11 +137,30 @@ def corpus_files(corpus_dir: str | os.PathLike, split: str) -> list[Path]:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     corpus_dir = Path(corpus_dir)
+    return [corpus_dir / e["path"] for e in _read_meta(corpus_dir)["files"] if e["split"] == split]
+
+
+def _read_meta(corpus_dir: Path) -> dict:
     meta_path = corpus_dir / "corpus.json"
     if not meta_path.exists():
         raise CorpusError(f"{corpus_dir} is not a prepared corpus (no corpus.json); run `rvqlm corpus prepare`")
-    meta = json.loads(meta_path.read_text())
-    return [corpus_dir / e["path"] for e in meta["files"] if e["split"] == split]
+    return json.loads(meta_path.read_text())
+
+
+def _first_per_split(items: list, n: int, split_of) -> list:
+    """The first `n` items of each split, in their order."""
+    kept: dict[str, int] = {}
+    chosen = []
+    for item in items:
+        split = split_of(item)
+        if kept.get(split, 0) < n:
+            kept[split] = kept.get(split, 0) + 1
+            chosen.append(item)
+    return chosen
+
+
+def _minutes(entries: list[dict]) -> dict[str, float]:
+    return {s: round(sum(e["seconds"] for e in entries if e["split"] == s) / 60, 2) for s in SPLITS}
 
 
 def _frames(path: Path) -> int:

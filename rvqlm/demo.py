@@ -1,22 +1,24 @@
 """`rvqlm demo`: the whole job on the built-in corpus, end to end, on a CPU, in about 10 minutes.
 
-1. prepare the built-in corpus (Czech speech, split by level);
-2. load the shipped speech codec (`models/codec-speech-16k`) and reconstruct held-out test lines
-   at several bitrates;
-3. tokenize the corpus with that codec (resumable: a second run reuses the tokens);
-4. train a small LM on the train split's tokens for a few minutes (held-out NLL on the valid split);
-5. continue held-out test prompts with the LM, decode them with the codec;
-6. write everything into `samples/` with a listening report (`samples/index.html`).
+Its stages, each a function a user can also call:
 
-Every step reads what the previous one wrote, so each stage is a library call a user can also make
-on their own (see the README), and every file lands atomically.
+1. `prepare_corpus` (rvqlm/corpus.py): the built-in corpus (Czech speech, split by level);
+2. `load_codec`, `reconstruct`: held-out test lines through the shipped codec at several bitrates;
+3. `tokenize_corpus`: the corpus as codec tokens (resumable: a second run reuses them);
+4. `demo_lm`: the shipped LM fine-tuned for a few minutes (or a small LM trained when it does not
+   fit the codec, or the shipped LM as it is), held-out NLL on the valid split;
+5. `continue_prompts`: held-out prompts continued by the LM, decoded by the codec;
+6. `write_demo_report`: everything in `samples/` with a listening report (`samples/index.html`)
+   and its tables in `metrics.json`.
+
+Every stage reads what the previous one wrote, and every file lands atomically.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,28 +38,79 @@ class DemoSettings:
     samples_dir: Path = REPO / "samples"
     work_dir: Path = REPO / "data" / "demo"
     corpus_dir: Path = REPO / "data" / "fillets-cs-16k"
+    corpus_files_per_split: int | None = None  # a quick subset: the first N files of each split
     tokens_dir: Path | None = None  # default data/tokens/fillets-cs-16k-<codec token fingerprint[:12]>
     codec_dir: Path = SHIPPED_CODEC
     lm_init: Path = SHIPPED_LM
     lm_recipe: Path = DEMO_LM_RECIPE
-    lm_minutes: float = 4.0
+    lm_minutes: float = 4.0  # 0: the shipped LM as it is, no training
     n_prompts: int = 3
     prompt_seconds: float = 3.0
     continuation_seconds: float = 6.0
-    # Plain sampling: benchmarks/continuation_quality.py on the shipped models found it the only
-    # setting whose continuations resemble held-out speech (silence share 0.18 vs 0.33 for the
-    # real continuations); temperature 0.8 / top-k 250 and 0.9 / top-p 0.95 fall silent (0.77).
+    # Plain sampling (docs/experiments.md, "application, demo and benchmarks").
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 1
 
 
-_T0 = time.perf_counter()
+@dataclass
+class Samples:
+    """Clips for the page (rows shown side by side) and the table of their figures."""
+
+    rows: list[list[ReportClip]] = field(default_factory=list)
+    table: list[dict[str, str]] = field(default_factory=list)
 
 
-def _say(msg: str) -> None:
-    print(f"[demo {(time.perf_counter() - _T0) / 60:5.1f} min] {msg}", flush=True)
+class Narrator:
+    """Prints each step with the minutes since the demo started."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def minutes(self) -> float:
+        return (time.perf_counter() - self.start) / 60
+
+    def __call__(self, msg: str) -> None:
+        print(f"[demo {self.minutes():5.1f} min] {msg}", flush=True)
+
+
+def run_demo(s: DemoSettings = DemoSettings()) -> Path:
+    """Run every stage; returns the path of the listening report."""
+    from lm.training import held_out_report
+    from rvqlm.corpus import corpus_files, corpus_subset, prepare_corpus
+
+    say = Narrator()
+    torch.manual_seed(s.seed)
+    out = Path(s.samples_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    say("1/6 preparing the built-in corpus")
+    corpus = prepare_corpus(s.corpus_dir, 16000)
+    if s.corpus_files_per_split is not None:
+        n = s.corpus_files_per_split
+        corpus = corpus_subset(corpus, Path(s.work_dir) / f"corpus-{n}-per-split", n)
+
+    say(f"2/6 loading the codec from {s.codec_dir}")
+    codec = load_codec(s.codec_dir)
+    init = shipped_lm_for(s, codec)
+    prompts = pick_prompts(corpus_files(corpus, "test"), s.n_prompts, s.prompt_seconds + 1.0)
+    recon = reconstruct(codec, prompts, out)
+
+    say("3/6 tokenizing the corpus (resumes if already done)")
+    tokens_dir = tokenize_corpus(s, corpus, codec)
+
+    say(f"4/6 {_lm_stage_words(s, init)}")
+    model = demo_lm(s, codec, tokens_dir, init)
+    held_out = held_out_report(model, str(tokens_dir), "valid", unigram=True)
+
+    say("5/6 generating continuations of held-out prompts")
+    continuations = continue_prompts(s, codec, model, prompts, out)
+
+    say("6/6 writing the listening report")
+    page = write_demo_report(s, codec, init, recon, continuations, held_out, say.minutes())
+    say(f"done in {say.minutes():.1f} min: open {page}")
+    return page
 
 
 def pick_prompts(files: list[Path], n: int, min_seconds: float) -> list[Path]:
@@ -78,120 +131,82 @@ def pick_prompts(files: list[Path], n: int, min_seconds: float) -> list[Path]:
     return chosen
 
 
-def run_demo(s: DemoSettings = DemoSettings()) -> Path:
-    """Run every stage; returns the path of the listening report."""
+def load_codec(codec_dir: Path):
+    """The saved codec at `codec_dir` in eval mode; a clear error if there is none."""
     from codec import Codec
+
+    if not Path(codec_dir).is_dir():
+        raise FileNotFoundError(f"no codec at {codec_dir}; train one with `rvqlm train-codec --config "
+                                "recipes/codec_speech.yaml` and pass its pretrained/ folder with --codec")
+    return Codec.from_pretrained(codec_dir).eval()
+
+
+def reconstruct(codec, prompts: list[Path], out: Path) -> Samples:
+    """Each prompt file and its reconstructions with 1, N_c / 2 and N_c codebooks, with their bitrate,
+    mel distance and SI-SDR."""
     from codec.audio import load_audio
     from codec.losses import mel_distance, si_sdr
-    from codec.tokenize import tokenize_folder
-    from lm import MultiCodebookLM
-    from lm.generate import generate
-    from lm.training import held_out_report
-    from rvqlm.corpus import corpus_files, prepare_corpus
-    from rvqlm.report import ReportSection, write_report
 
-    global _T0
-    t_start = _T0 = time.perf_counter()
-    torch.manual_seed(s.seed)
-    out = Path(s.samples_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
-    _say("1/6 preparing the built-in corpus")
-    corpus = prepare_corpus(s.corpus_dir, 16000)
-
-    _say(f"2/6 loading the codec from {s.codec_dir}")
-    if not Path(s.codec_dir).is_dir():
-        raise FileNotFoundError(f"no codec at {s.codec_dir}; train one with `rvqlm train-codec --config "
-                                "recipes/codec_speech.yaml` and pass its pretrained/ folder with --codec")
-    codec = Codec.from_pretrained(s.codec_dir).eval()
     sr = codec.sample_rate
-    prompts = pick_prompts(corpus_files(corpus, "test"), s.n_prompts, s.prompt_seconds + 1.0)
-
-    recon_rows, recon_table = [], []
     ladder = sorted({1, max(1, codec.n_codebooks // 2), codec.n_codebooks})
+    done = Samples()
     for i, f in enumerate(prompts):
-        wav = load_audio(f, sr, codec.channels)
+        wav = load_audio(f, sr, codec.channels)  # [C, S]
         name = f"prompt{i + 1}"
         clips = [_clip(out, f"{name}-original", wav, sr, f"original ({f.parent.name}/{f.name})", {})]
         for k in ladder:
             with torch.inference_mode():
                 rec = codec.decode(codec.encode(wav.unsqueeze(0), n_q=k))[0, :, : wav.shape[-1]]
-            kbps = k * _bits(codec.codebook_size) * codec.frame_rate / 1000
-            m = {"kbps": f"{kbps:.1f}", "mel distance": f"{mel_distance(rec[None], wav[None], sr).item():.3f}",
+            m = {"kbps": f"{codec.bitrate_kbps(k):.1f}",
+                 "mel distance": f"{mel_distance(rec[None], wav[None], sr).item():.3f}",
                  "SI-SDR dB": f"{si_sdr(rec[None], wav[None]).item():.1f}"}
-            recon_table.append({"clip": name, "codebooks": str(k), **m})
+            done.table.append({"clip": name, "codebooks": str(k), **m})
             clips.append(_clip(out, f"{name}-recon-{k}cb", rec, sr, f"reconstruction, {k} codebooks", m))
-        recon_rows.append(clips)
+        done.rows.append(clips)
+    return done
 
-    _say("3/6 tokenizing the corpus (resumes if already done)")
-    tokens_dir = Path(s.tokens_dir or REPO / "data" / "tokens" / f"fillets-cs-16k-{codec.token_fingerprint()[:12]}")
+
+def tokenize_corpus(s: DemoSettings, corpus: Path, codec) -> Path:
+    """Tokenize `corpus` with `codec` into `s.tokens_dir` (or the default folder); returns that folder."""
+    from codec.tokenize import tokenize_folder
+
+    fingerprint = codec.token_fingerprint()[:12]
+    if s.tokens_dir is not None:
+        tokens_dir = Path(s.tokens_dir)
+    elif s.corpus_files_per_split is not None:
+        tokens_dir = Path(s.work_dir) / f"tokens-{s.corpus_files_per_split}-per-split-{fingerprint}"
+    else:
+        tokens_dir = REPO / "data" / "tokens" / f"fillets-cs-16k-{fingerprint}"
     summary = tokenize_folder(corpus, tokens_dir, codec, workers=1, progress=True)
     if summary.errors:
         raise RuntimeError(f"{len(summary.errors)} corpus files failed to tokenize; see {tokens_dir}/errors.jsonl")
+    return tokens_dir
 
-    lm_run = Path(s.work_dir) / "lm"
-    init = s.lm_init if _fits(s.lm_init, codec.token_fingerprint()) else None
-    _say(f"4/6 {'fine-tuning the shipped LM' if init else 'training a small LM'} for {s.lm_minutes:.1f} minutes")
-    lm_dir = train_demo_lm(s, tokens_dir, lm_run, init)
+
+def shipped_lm_for(s: DemoSettings, codec) -> Path | None:
+    """`s.lm_init` if it was trained on this codec's tokens, else None (a small LM is trained instead)."""
+    config = Path(s.lm_init) / "config.json"
+    fits = config.is_file() and json.loads(config.read_text()).get("config", {}).get(
+        "codec_fingerprint") == codec.token_fingerprint()
+    if not fits and s.lm_minutes == 0:
+        raise RuntimeError(f"{s.lm_init} is not an LM trained on this codec's tokens, so the demo must train one: "
+                           "give it minutes (--lm-minutes)")
+    return Path(s.lm_init) if fits else None
+
+
+def demo_lm(s: DemoSettings, codec, tokens_dir: Path, init: Path | None):
+    """The demo's LM in eval mode: `init` as it is (lm_minutes 0), `init` fine-tuned, or a small LM
+    trained from scratch (init None) for `s.lm_minutes`."""
+    from lm import MultiCodebookLM
+
+    if s.lm_minutes == 0:
+        lm_dir = init
+    else:
+        lm_dir = train_demo_lm(s, tokens_dir, Path(s.work_dir) / "lm", init)
     model = MultiCodebookLM.from_pretrained(lm_dir).eval()
     if not codec.accepts_tokens(model.cfg.codec_fingerprint):
         raise RuntimeError("the demo LM was trained on tokens of another codec")
-    held_out = held_out_report(model, str(tokens_dir), "valid", unigram=True)
-
-    _say("5/6 generating continuations of held-out prompts")
-    cont_rows, cont_table = [], []
-    n_prompt_frames = int(s.prompt_seconds * codec.frame_rate)
-    n_new = int(s.continuation_seconds * codec.frame_rate)
-    gen = torch.Generator().manual_seed(s.seed)
-    for i, f in enumerate(prompts):
-        wav = load_audio(f, sr, codec.channels)
-        with torch.inference_mode():
-            codes = codec.encode(wav.unsqueeze(0))[:, :, :n_prompt_frames]
-        t0 = time.perf_counter()
-        full = generate(model, codes, n_new, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                        generator=gen, progress=True, frame_rate=codec.frame_rate)
-        seconds = time.perf_counter() - t0
-        with torch.inference_mode():
-            audio = codec.decode(full)[0]
-            prompt_audio = codec.decode(codes)[0]
-        name = f"prompt{i + 1}"
-        nll = model.log_likelihood(full[:, :, n_prompt_frames - 1:]).item() / (n_new * codec.n_codebooks)
-        m = {"real-time factor": f"{seconds / s.continuation_seconds:.2f}", "model NLL nats/token": f"{nll:.2f}"}
-        cont_table.append({"clip": name, **m})
-        cont_rows.append([
-            _clip(out, f"{name}-prompt", prompt_audio, sr, f"prompt ({s.prompt_seconds:.0f} s, codec tokens)", {}),
-            _clip(out, f"{name}-continuation", audio, sr,
-                  f"prompt + {s.continuation_seconds:.0f} s continuation", m),
-        ])
-
-    _say("6/6 writing the listening report")
-    elapsed = time.perf_counter() - t_start
-    tables = {"Reconstruction of held-out speech": recon_table, "Continuations": cont_table,
-              "Held-out negative log-likelihood, valid split (nats/token)": [
-                  {"codebook": str(c), "LM": f"{v:.3f}", "unigram baseline": f"{u:.3f}"}
-                  for c, (v, u) in enumerate(zip(held_out["nll_per_codebook"], held_out["unigram_nll_per_codebook"]))]}
-    notes = (f"Built-in corpus: Czech voice acting (fillets-ng-data-cs, GPL-2+), prompts from the held-out test "
-             f"split. Codec: {s.codec_dir.name}, {codec.n_codebooks} x {codec.codebook_size} codes at "
-             f"{codec.frame_rate:g} Hz. LM: {'the shipped ' + s.lm_init.name + ' fine-tuned' if init else 'trained from scratch'} "
-             f"for {s.lm_minutes:.1f} min on this machine's CPU. "
-             f"Demo wall time {elapsed / 60:.1f} min.")
-    sections = [
-        ReportSection("Codec reconstructions", "Held-out lines through the codec at several bitrates.", recon_rows),
-        ReportSection("LM continuations", "The first seconds of each held-out line are the prompt; the rest is "
-                      f"sampled ({_sampling_words(s)}).", cont_rows),
-    ]
-    page = write_report(out, "rvqlm demo: speech codec and LM continuations", sections, tables, notes)
-    (out / "metrics.json").write_text(json.dumps(tables, indent=2) + "\n")
-    _say(f"done in {elapsed / 60:.1f} min: open {page}")
-    return page
-
-
-def _fits(lm_dir: Path, codec_fingerprint: str) -> bool:
-    """True if `lm_dir` is an LM trained on this codec's tokens."""
-    config = Path(lm_dir) / "config.json"
-    if not config.is_file():
-        return False
-    return json.loads(config.read_text()).get("config", {}).get("codec_fingerprint") == codec_fingerprint
+    return model
 
 
 def train_demo_lm(s: DemoSettings, tokens_dir: Path, run_dir: Path, init: Path | None) -> Path:
@@ -219,8 +234,60 @@ def train_demo_lm(s: DemoSettings, tokens_dir: Path, run_dir: Path, init: Path |
     return pretrained
 
 
-def _bits(codebook_size: int) -> int:
-    return max(1, (codebook_size - 1).bit_length())
+def continue_prompts(s: DemoSettings, codec, model, prompts: list[Path], out: Path) -> Samples:
+    """The first `s.prompt_seconds` of each prompt file (as codec tokens) continued by `model` for
+    `s.continuation_seconds`, with its real-time factor and the model's NLL of what it sampled."""
+    from codec.audio import load_audio
+    from lm.generate import generate
+
+    sr = codec.sample_rate
+    n_prompt_frames = int(s.prompt_seconds * codec.frame_rate)
+    n_new = int(s.continuation_seconds * codec.frame_rate)
+    gen = torch.Generator().manual_seed(s.seed)
+    done = Samples()
+    for i, f in enumerate(prompts):
+        wav = load_audio(f, sr, codec.channels)
+        with torch.inference_mode():
+            codes = codec.encode(wav.unsqueeze(0))[:, :, :n_prompt_frames]  # [1, N_c, T]
+        t0 = time.perf_counter()
+        full = generate(model, codes, n_new, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                        generator=gen, progress=True, frame_rate=codec.frame_rate)
+        seconds = time.perf_counter() - t0
+        with torch.inference_mode():
+            audio = codec.decode(full)[0]
+            prompt_audio = codec.decode(codes)[0]
+        name = f"prompt{i + 1}"
+        nll = model.log_likelihood(full[:, :, n_prompt_frames - 1:]).item() / (n_new * codec.n_codebooks)
+        m = {"real-time factor": f"{seconds / s.continuation_seconds:.2f}", "model NLL nats/token": f"{nll:.2f}"}
+        done.table.append({"clip": name, **m})
+        done.rows.append([
+            _clip(out, f"{name}-prompt", prompt_audio, sr, f"prompt ({s.prompt_seconds:g} s, codec tokens)", {}),
+            _clip(out, f"{name}-continuation", audio, sr, f"prompt + {s.continuation_seconds:g} s continuation", m),
+        ])
+    return done
+
+
+def write_demo_report(s: DemoSettings, codec, init: Path | None, recon: Samples, continuations: Samples,
+                      held_out: dict, minutes: float) -> Path:
+    """`index.html` (notes, tables, clips) and `metrics.json` (the tables) in `s.samples_dir`."""
+    from rvqlm.report import ReportSection, write_report
+
+    out = Path(s.samples_dir)
+    tables = {"Reconstruction of held-out speech": recon.table, "Continuations": continuations.table,
+              "Held-out negative log-likelihood, valid split (nats/token)": [
+                  {"codebook": str(c), "LM": f"{v:.3f}", "unigram baseline": f"{u:.3f}"}
+                  for c, (v, u) in enumerate(zip(held_out["nll_per_codebook"], held_out["unigram_nll_per_codebook"]))]}
+    notes = (f"Built-in corpus: Czech voice acting (fillets-ng-data-cs, GPL-2+), prompts from the held-out test "
+             f"split. Codec: {Path(s.codec_dir).name}, {codec.n_codebooks} x {codec.codebook_size} codes at "
+             f"{codec.frame_rate:g} Hz. LM: {_lm_words(s, init)}. Demo wall time {minutes:.1f} min.")
+    sections = [
+        ReportSection("Codec reconstructions", "Held-out lines through the codec at several bitrates.", recon.rows),
+        ReportSection("LM continuations", "The first seconds of each held-out line are the prompt; the rest is "
+                      f"sampled ({_sampling_words(s)}).", continuations.rows),
+    ]
+    page = write_report(out, "rvqlm demo: speech codec and LM continuations", sections, tables, notes)
+    (out / "metrics.json").write_text(json.dumps(tables, indent=2) + "\n")
+    return page
 
 
 def _clip(out: Path, stem: str, wav: torch.Tensor, sr: int, label: str, metrics: dict) -> ReportClip:
@@ -229,6 +296,19 @@ def _clip(out: Path, stem: str, wav: torch.Tensor, sr: int, label: str, metrics:
     save_audio(out / wav_rel, wav, sr)
     render_spectrogram(wav, sr, out / png_rel, title=label)
     return ReportClip(label, wav_rel, png_rel, metrics)
+
+
+def _lm_stage_words(s: DemoSettings, init: Path | None) -> str:
+    if s.lm_minutes == 0:
+        return f"using the shipped LM {Path(s.lm_init).name} as it is"
+    return f"{'fine-tuning the shipped LM' if init else 'training a small LM'} for {s.lm_minutes:.1f} minutes"
+
+
+def _lm_words(s: DemoSettings, init: Path | None) -> str:
+    if s.lm_minutes == 0:
+        return f"the shipped {Path(s.lm_init).name} as it is, not fine-tuned"
+    trained = f"the shipped {Path(s.lm_init).name} fine-tuned" if init else "trained from scratch"
+    return f"{trained} for {s.lm_minutes:.1f} min on this machine's CPU"
 
 
 def _sampling_words(s: DemoSettings) -> str:
