@@ -1,49 +1,58 @@
-"""Autoregressive generation of code frames with a MultiCodebookLM (seed 001: decoding + KV cache).
+"""Autoregressive generation of code frames with a MultiCodebookLM (docs/theory.md, seed 001:
+decoding and the KV cache).
 
-The model works in pattern space: at step s it predicts one id per codebook, and the codebook
-pattern says which frame each one belongs to (delay: codebook k at step s holds frame s - k).
-Generation walks the pattern steps left to right:
+Generation walks the codebook pattern's steps left to right:
 
-    step s:  input = bos (s = 0) or the ids chosen at step s - 1   -> logits for step s [B, N_c, |V|]
-             per codebook: a forced id if the pattern position is known (a prompt frame, or a
-             position the pattern marks invalid, which holds `pad`), else a sampled one.
+    step s:  input = bos (s = 0) or the ids placed at step s - 1   -> logits for step s [B, N_c, |V|]
+             per codebook: a forced id where the pattern position is known (a prompt frame, or
+             `pad` where the pattern marks the position invalid), else a sampled one.
 
-The prompt's steps are all forced, so they go through the model in one batched "prefill" pass;
-after it every step feeds exactly one position. With the KV cache (preallocated once for the
-whole generation) a step costs one position's projections plus one pass over the cached keys.
+The prompt's steps go through the model in one batched "prefill" pass; after it each step feeds one
+position into a KV cache preallocated for the whole generation.
 
-Past the trained context (W = `max_seq_len` positions). Every training window starts with bos at
-position 0, so no query in training ever lost sight of it; a model leans on it (an "attention
-sink", StreamingLLM, Xiao et al. 2023), and dropping it at the boundary risks a quality cliff.
-`sink=True` (the default) keeps bos in view the way a training window shows it:
-* RoPE: a ring-buffer cache keeps bos in a permanent sink slot plus the last W-1 positions, and
-  presents bos to the query at position p as if it sat at p-W+1, at the distance W-1 it has from
-  the last query of a training window (see lm.kv_cache; one key rotation per layer per step).
-* learned / sinusoidal: the positions are baked into every cached key, so each step past the
-  context recomputes a fresh training window: [bos] + the last W-1 inputs at positions 0..W-1.
-`sink=False` gives the plain sliding window instead, for comparison: a ring cache of the last W
-positions (RoPE; exactly a full forward with a sliding-window mask, `model(x, window=W)`) or a
-recompute of the last W inputs at positions 0..W-1 (additive encodings); bos falls out of view.
-`benchmarks/context_boundary.py` measures both against the fresh-window recompute.
-
-`use_cache=False` recomputes the whole prefix at every step (past the context: the window that
-`sink` chooses): the reference the cached path is tested against, and the baseline of
-`benchmarks/generate_speed.py`. With RoPE and more than one layer the cached sink path and the
-fresh-window recompute differ past the context (the cached deeper keys of a rolling cache carry
-older context); with one layer they are equal.
+Past the trained context (W = `max_seq_len` positions), `sink=True` (the default) keeps bos in view
+as every training window does: a ring cache with a sink slot (RoPE, see lm.kv_cache), or a
+recompute of the training window [bos] + the last W-1 inputs at positions 0..W-1 (additive
+encodings). `sink=False` is the plain sliding window: a ring cache of the last W positions (RoPE;
+equal to `model(x, window=W)`) or a recompute of the last W inputs. `use_cache=False` recomputes
+the whole prefix (past the context: the window `sink` chooses) at every step: the reference the
+cached path is tested against. Why the sink: docs/experiments.md, "language model".
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 from torch import Tensor
 
-from lm.model import MultiCodebookLM
+from lm.config import LMConfig
+from lm.kv_cache import KVCache
+from lm.patterns import CodebookPattern
 from lm.sampling import check_sampling_args, sample_next
+
+
+class DecodableLM(Protocol):
+    """What decoding uses of a model; `lm.model.MultiCodebookLM` is the one there is (its `generate`
+    method calls this module, so this module names the model by what it uses instead of importing it)."""
+
+    cfg: LMConfig
+    pattern: CodebookPattern
+    training: bool
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def __call__(self, tokens: Tensor, cache: KVCache | None = None, window: int | None = None) -> Tensor: ...
+
+    def new_cache(self, batch_size: int, max_len: int | None = None, ring: bool = False,
+                  dtype: torch.dtype | None = None, sink: bool = False) -> KVCache: ...
+
+    def eval(self) -> Any: ...
+
+    def train(self, mode: bool = True) -> Any: ...
 
 
 @dataclass
@@ -77,7 +86,7 @@ class GenerationPlan:
         return self.seq.shape[-1]
 
 
-def check_prompt(model: MultiCodebookLM, prompt_codes: Tensor) -> None:
+def check_prompt(model: DecodableLM, prompt_codes: Tensor) -> None:
     """Raise ValueError unless prompt_codes [B, N_c, T0] holds codes the model can be prompted with."""
     cfg = model.cfg
     if not isinstance(prompt_codes, Tensor) or prompt_codes.dim() != 3 or prompt_codes.shape[1] != cfg.n_codebooks:
@@ -96,7 +105,7 @@ def check_prompt(model: MultiCodebookLM, prompt_codes: Tensor) -> None:
                          f"{cfg.n_codebooks} codebooks); use a shorter prompt")
 
 
-def plan_generation(model: MultiCodebookLM, prompt_codes: Tensor, max_new_frames: int) -> GenerationPlan:
+def plan_generation(model: DecodableLM, prompt_codes: Tensor, max_new_frames: int) -> GenerationPlan:
     """Lay the prompt out in pattern space and mark what is forced. prompt_codes [B, N_c, T0]."""
     check_prompt(model, prompt_codes)
     if isinstance(max_new_frames, bool) or not isinstance(max_new_frames, int) or max_new_frames < 0:
@@ -131,7 +140,7 @@ def fresh_window(inputs: Tensor, step: int, window: int) -> Tensor:
 
 
 def iter_decode(
-    model: MultiCodebookLM,
+    model: DecodableLM,
     plan: GenerationPlan,
     choose: Callable[[Tensor], Tensor],
     *,
@@ -150,7 +159,7 @@ def iter_decode(
     if plan.first_step >= n_steps:
         return
     inputs = _model_inputs(plan, cfg.bos_id)  # kept in step with seq: inputs[..., s + 1] = seq[..., s]
-    rope = model.rope is not None
+    rope = model.cfg.pos == "rope"
     cache = None
     if use_cache:
         ring = rope and n_steps > window
@@ -187,7 +196,7 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
 
 
 def generate(
-    model: MultiCodebookLM,
+    model: DecodableLM,
     prompt_codes: Tensor | None,
     max_new_frames: int,
     *,
@@ -230,7 +239,7 @@ def generate(
     max_delay = max(model.pattern.delays())
     was_training = model.training
     model.eval()
-    bar = _progress_bar(max_new_frames, progress, frame_rate)
+    bar = _ProgressBar(max_new_frames, progress, frame_rate)
     try:
         with torch.inference_mode():
             done = 0
@@ -247,7 +256,7 @@ def generate(
     return model.pattern.revert(plan.seq)
 
 
-class _progress_bar:
+class _ProgressBar:
     """tqdm over generated frames showing frames/s and the real-time factor; a no-op when disabled."""
 
     def __init__(self, total: int, enabled: bool, frame_rate: float | None):

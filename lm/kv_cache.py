@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lm.layers import RotaryEmbedding, apply_rotary
+from lm.rope import RotaryEmbedding, apply_rotary
 
 
 @dataclass

@@ -15,7 +15,6 @@ Shapes: B batch, S positions, d = d_model, H query heads, H_kv key/value heads, 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +22,8 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from lm.config import LMConfig
-
-if TYPE_CHECKING:  # lm.kv_cache imports the RoPE helpers below
-    from lm.kv_cache import KVCache
+from lm.kv_cache import KVCache
+from lm.rope import RotaryEmbedding, apply_rotary  # noqa: F401  (RotaryEmbedding: importable with the other blocks)
 
 
 # ---- normalisation ------------------------------------------------------------------------------
@@ -94,35 +92,6 @@ class LearnedPositions(nn.Module):
 
     def forward(self, positions: Tensor) -> Tensor:
         return self.table(positions)
-
-
-class RotaryEmbedding(nn.Module):
-    """RoPE: rotate each feature pair of queries and keys by an angle proportional to the position.
-
-    Pair m of a head vector is (x[m], x[m + Dh/2]) (the "rotate-half" layout), rotated by the angle
-    p * theta_m with theta_m = base^(-2m/Dh). Rotations preserve norms, and R(p)^T R(a) = R(a - p),
-    so (R(p) q) . (R(a) k) depends on the positions only through a - p.
-    """
-
-    def __init__(self, head_dim: int, base: float = 10000.0):
-        super().__init__()
-        if head_dim % 2:
-            raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """positions [S] long -> cos, sin [S, Dh] (angles in float64, so large positions stay exact)."""
-        angle = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]  # [S, Dh/2]
-        angle = torch.cat([angle, angle], dim=-1)
-        return angle.cos().to(dtype), angle.sin().to(dtype)
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [B, H, S, Dh], cos/sin [S, Dh] -> x rotated pairwise, same shape."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated_half = torch.cat([-x2, x1], dim=-1)
-    return x * cos + rotated_half * sin
 
 
 # ---- attention ----------------------------------------------------------------------------------

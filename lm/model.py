@@ -17,7 +17,6 @@ tokens from another codec can be refused by the code that loads both.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,15 +26,16 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from lm.config import LMConfig
+from lm.generate import generate
 from lm.kv_cache import KVCache
-from lm.layers import (Block, LayerNorm, LearnedPositions, RMSNorm, RotaryEmbedding, SinusoidalPositions, init_std, make_norm,
+from lm.layers import (Block, LayerNorm, LearnedPositions, RMSNorm, SinusoidalPositions, init_std, make_norm,
                        residual_projections)
 from lm.patterns import CodebookPattern, get_pattern
+from lm.rope import RotaryEmbedding
+from rvqlm_core.persistence import FolderFormat, cpu_state, load_state, read_folder, save_folder, stored_state
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-MODEL_TYPE = "rvqlm.MultiCodebookLM"
-FORMAT_VERSION = 1
+# How an LM folder's config.json names its kind: {"model_type": ..., "format_version": 1, "config": {...}}.
+LM_FORMAT = FolderFormat("LM", "model_type", "rvqlm.MultiCodebookLM", 1)
 
 
 @dataclass
@@ -283,93 +283,27 @@ class MultiCodebookLM(nn.Module):
         nll, _ = self.token_nll(codes, frame_mask)
         return nll.sum(dim=(1, 2))
 
-    # ---- checkpoints -----------------------------------------------------------------------------
+    # ---- generation ------------------------------------------------------------------------------
     def generate(self, prompt_codes: Tensor | None, max_new_frames: int, **kwargs) -> Tensor:
         """Continue prompt_codes [B, N_c, T0] by max_new_frames -> [B, N_c, T0 + n] (KV cache, sampling).
 
         Keyword arguments (temperature, top_k, top_p, greedy, generator, seed, ...) are those of
         `lm.generate.generate`, where the decoding loop lives.
         """
-        from lm.generate import generate
-
         return generate(self, prompt_codes, max_new_frames, **kwargs)
 
+    # ---- checkpoints -----------------------------------------------------------------------------
     def save_pretrained(self, path: str | Path, dtype: str | None = None) -> Path:
-        """Write folder `path`: config.json (the LMConfig) + model.safetensors (weights), each atomically.
-
-        The weights file carries the config in its metadata too, so a folder mixing two saves is caught.
-        dtype: store floating-point weights as "float16" or "bfloat16" (None / "float32": exactly);
-        half the file, and `from_pretrained` loads them back as float32.
-        """
-        from safetensors.torch import save_file
-
-        from rvqlm_core.atomic import atomic_path, atomic_write_json
-        from rvqlm_core.weight_dtype import storage_dtype
-
-        stored_as = storage_dtype(dtype)
-
-        path = Path(path)
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"{path} exists and is not a folder")
-        path.mkdir(parents=True, exist_ok=True)
-        config = {"model_type": MODEL_TYPE, "format_version": FORMAT_VERSION, "config": self.cfg.to_dict()}
-        config_json = json.dumps(config, sort_keys=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        if stored_as != torch.float32:
-            state = {k: v.to(stored_as) if v.is_floating_point() else v for k, v in state.items()}
-        with atomic_path(path / WEIGHTS_FILE) as tmp:
-            save_file(state, str(tmp), metadata={"rvqlm_config": config_json})
-        atomic_write_json(path / CONFIG_FILE, config)
-        return path
+        """Write folder `path`: config.json ({"model_type", "format_version", "config": the LMConfig})
+        and model.safetensors (the weights, with the config in their metadata), replacing the folder
+        atomically (see rvqlm_core.persistence). dtype: store floating-point weights as "float16" or
+        "bfloat16" (None / "float32": exactly); `from_pretrained` loads them back as float32."""
+        return save_folder(path, LM_FORMAT, {"config": self.cfg.to_dict()}, stored_state(cpu_state(self), dtype))
 
     @classmethod
     def from_pretrained(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "MultiCodebookLM":
         """Load a folder written by save_pretrained. Raises FileNotFoundError / ValueError with the reason."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file, safe_open
-
-        from rvqlm_core.weight_dtype import loads_as
-
-        path = Path(path)
-        if not path.is_dir():
-            raise FileNotFoundError(f"no LM folder at {path}")
-        config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
-        for f in (config_path, weights_path):
-            if not f.is_file():
-                raise FileNotFoundError(f"{path} is not an LM folder: {f.name} is missing "
-                                        "(expected config.json + model.safetensors from save_pretrained)")
-        try:
-            config = json.loads(config_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{config_path} is not valid JSON: {e}") from e
-        if not isinstance(config, dict) or config.get("model_type") != MODEL_TYPE:
-            raise ValueError(f"{config_path} does not describe an rvqlm LM (model_type "
-                             f"{config.get('model_type') if isinstance(config, dict) else None!r})")
-        if config.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{config_path} has format_version {config.get('format_version')!r}; "
-                             f"this rvqlm reads version {FORMAT_VERSION}")
-        cfg = LMConfig.from_dict(config.get("config"))
-        try:
-            with safe_open(str(weights_path), framework="pt") as f:
-                saved_config = (f.metadata() or {}).get("rvqlm_config")
-            state = load_file(str(weights_path), device=str(map_location))
-        except (SafetensorError, OSError) as e:
-            raise ValueError(f"{weights_path} is not a readable safetensors file: {e}") from e
-        if saved_config is not None and json.loads(saved_config) != config:
-            raise ValueError(f"{config_path} and {weights_path.name} come from different saves; save the model again")
-        model = cls(cfg)
-        expected = model.state_dict()
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        if missing or unexpected:
-            raise ValueError(f"{weights_path} does not match its config: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
-        for name, tensor in state.items():
-            if tensor.shape != expected[name].shape:
-                raise ValueError(f"{weights_path}: {name} has shape {tuple(tensor.shape)}, "
-                                 f"the config needs {tuple(expected[name].shape)}")
-            if not loads_as(tensor.dtype, expected[name].dtype):
-                raise ValueError(f"{weights_path}: {name} has dtype {tensor.dtype}, expected {expected[name].dtype}")
-        # Weights saved in half precision (save_pretrained's dtype) load back as float32.
-        model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+        config, tensors = read_folder(path, LM_FORMAT, map_location)
+        model = cls(LMConfig.from_dict(config.get("config")))
+        load_state(model, tensors, path)
         return model.to(map_location)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 import sys
 import time
 import warnings
@@ -41,8 +40,8 @@ from torch import Tensor, nn
 
 from lm.config import LMConfig
 from lm.data import TokenDataModule, TokenFiles, ValidWindows
-from lm.model import CONFIG_FILE, WEIGHTS_FILE, MultiCodebookLM
-from rvqlm_core.atomic import atomic_path, refuse_foreign_folder
+from lm.model import MultiCodebookLM
+from rvqlm_core.atomic import atomic_path
 from rvqlm_core.rng_state import get_rng_state, set_rng_state
 
 # ---- measurement ------------------------------------------------------------------------------------
@@ -247,28 +246,7 @@ class LMTrainingModule(pl.LightningModule):
 
     def on_fit_end(self) -> None:
         if self.hparams.export and self.trainer.is_global_zero and not self.trainer.interrupted:
-            export_pretrained(self.model, Path(self.trainer.default_root_dir) / "pretrained")
-
-
-def export_pretrained(model: MultiCodebookLM, dest: Path, dtype: str | None = None) -> Path:
-    """save_pretrained into `dest` (weights stored as `dtype`, see `MultiCodebookLM.save_pretrained`),
-    replacing any previous export only once the new one is complete. A `dest` holding other files
-    (a model card, figures) is refused rather than replaced with them."""
-    dest = Path(dest)
-    refuse_foreign_folder(dest, (CONFIG_FILE, WEIGHTS_FILE), "a saved LM")
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp, dtype=dtype)
-    old = dest.with_name(f".{dest.name}.old")
-    if dest.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        dest.rename(old)
-    tmp.rename(dest)
-    if old.exists():
-        shutil.rmtree(old)
-    return dest
+            self.model.save_pretrained(Path(self.trainer.default_root_dir) / "pretrained")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -12,7 +12,7 @@ import torch
 from einops import rearrange
 
 from lm import KVCache, LMConfig, MultiCodebookLM
-from lm.layers import apply_rotary
+from lm.rope import apply_rotary
 
 ATOL = 1e-5
 

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from lm import LMConfig, MultiCodebookLM
-from lm.layers import (Attention, Block, FeedForward, LayerNorm, RMSNorm, RotaryEmbedding, SinusoidalPositions,
-                       SwiGLU, apply_rotary)
+from lm.layers import Attention, Block, FeedForward, LayerNorm, RMSNorm, SinusoidalPositions, SwiGLU
+from lm.rope import RotaryEmbedding, apply_rotary
 
 
 def tiny(**overrides) -> LMConfig:

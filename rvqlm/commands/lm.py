@@ -62,9 +62,8 @@ def _train(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from lm.model import MultiCodebookLM
-    from lm.training import export_pretrained
 
-    out = export_pretrained(MultiCodebookLM.from_pretrained(args.lm), args.output, dtype=args.dtype)
+    out = MultiCodebookLM.from_pretrained(args.lm).save_pretrained(args.output, dtype=args.dtype)
     print(f"exported {args.lm} -> {out} ({args.dtype})")
     return 0
 
