@@ -1,11 +1,11 @@
 """LMConfig: every hyper-parameter of a MultiCodebookLM, validated, and round-trippable to JSON.
 
 Token ids. The LM sees N_c parallel streams of ids, one per codebook, each id in 0..|V|-1
-(codes are counted from 0, where seed 002 counts from 1). Every codebook's embedding table has
-two extra rows for special ids the heads never predict:
+(codes are counted from 0, where docs/theory.md's seed 002 counts from 1). Every codebook's
+embedding table has two extra rows for special ids the heads never predict:
 
     pad_id = |V|        padding, and positions the codebook pattern marks invalid
-    bos_id = |V| + 1    the start symbol x_0 of seed 000 (the first model input)
+    bos_id = |V| + 1    the start symbol x_0 (docs/theory.md, seed 000): the first model input
 
 Lengths. `max_seq_len` counts model positions, i.e. steps of the codebook pattern: with the
 delay pattern, T frames take T + N_c - 1 positions.

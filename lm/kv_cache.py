@@ -1,47 +1,28 @@
-"""KVCache: keys and values of past positions, preallocated once for a whole generation.
+"""KVCache: the keys and values of past positions, preallocated once for a whole generation
+(docs/theory.md, seed 001: only the new token's query, key and value are computed at each step).
 
-Seed 001: "since tokens are generated one at a time, the key and value vectors of all previous
-tokens are stored in memory and reused, so only the new token's query, key and value must be
-computed". Each layer gets a [B, H_kv, max_len, Dh] slab for keys and one for values, allocated
-up front; a step writes its new keys/values into slots in place (never torch.cat-grown), so a
-one-position step costs one position's projections plus one pass over the cached keys.
+Each layer has a [B, H_kv, max_len, Dh] slab for keys and one for values; a step writes its new
+keys/values into slots in place (never torch.cat-grown). The cache counts every position it has
+seen (`length` = the next absolute position) and records which absolute position each slot holds
+(`slot_pos`, -1 = empty). A query at absolute position p may attend to the key at absolute
+position a iff a is a filled slot and 0 <= p - a < window.
 
-Absolute positions. The cache counts every position it has seen (`length` = the next absolute
-position) and records which absolute position each slot holds (`slot_pos`, -1 = empty). The
-attention mask is derived from these: a query at absolute position p may attend to the key at
-absolute position a iff a is a filled slot and 0 <= p - a < window (W = max_len in the ring modes;
-with a sink, position 0 is always visible and the others need 0 <= p - a < W - 1).
+Modes (W = max_len):
 
-Three modes:
+* linear (default): slot = absolute position; at most W positions in all, more is a clear error.
+* ring (`ring=True`, RoPE models only): slot = position mod W, so the cache keeps the last W
+  positions and never fills up. Keys are cached already rotated at their absolute positions, so
+  decoding equals a full forward with a sliding-window causal mask of width W (a query sees its
+  own position and the W - 1 before it). Additive encodings bake positions into every cached key:
+  the model refuses a ring for them.
+* ring with a sink (`ring=True, sink=True`, RoPE): slot 0 keeps position 0 (bos) for ever, slots
+  1..W-1 are a ring over the positions >= 1 (slot = 1 + (a - 1) mod (W - 1)). A query at p sees
+  p-W+2..p and the sink as if it sat at p-W+1, the distance W-1 bos has from the last query of a
+  training window: the sink key is kept un-rotated and rotated to p-W+1 into slot 0 at each step
+  past the window (one key per layer per step). A multi-position step past the window needs one
+  sink rotation per query, so the model feeds it one position at a time.
 
-* linear (default): slot = absolute position. At most `max_len` positions in all; asking for more
-  raises a clear error.
-* plain ring (`ring=True`, RoPE models only): slot = absolute position mod max_len, so the cache
-  keeps the last `max_len` positions (a sliding window) and generation can run for ever. This is
-  exact for RoPE because keys are cached *already rotated at their absolute positions*, and the
-  RoPE score q_p . k_a depends only on p - a: nothing cached has to be recomputed when the window
-  slides, and positions past the trained context are seen only through relative offsets
-  < max_len <= max_seq_len, which training covered. Decoding with the plain ring equals a full
-  forward with a sliding-window causal mask of width max_len (a query sees its own position and
-  the max_len - 1 before it). With additive (sinusoidal / learned) encodings, a token's position
-  is baked into every cached key and value of every layer, so sliding the window would need a
-  recompute: the model refuses the ring modes for them.
-* ring with an attention sink (`ring=True, sink=True`, RoPE): the plain ring lets the first
-  position (bos in generation) fall out of the window once it has slid, which training never
-  shows: every training window starts with bos at position 0, so every query had it in view, and
-  models learn to park attention there (an "attention sink", StreamingLLM, Xiao et al. 2023).
-  Here slot 0 keeps position 0 for ever and slots 1..W-1 (W = max_len) are a ring over the
-  positions >= 1 (slot = 1 + (a - 1) mod (W - 1)). A query at absolute position p sees p-W+2..p
-  and the sink *as if it sat at position p-W+1*, just before them, i.e. at the same distance
-  W-1 as bos from the last query of a training window, never farther. So the sink key is kept
-  un-rotated (rotation by position 0 is the identity, so slot 0 holds it so until the ring first
-  wraps) and, at each step past the window, rotated to p-W+1 into slot 0: one key per layer per
-  step. Position 0 attends only to itself, so its keys at every layer do not depend on where it
-  sits or what follows: the rotated sink is exactly the bos key a fresh window would compute. A
-  one-layer model therefore gives, at every step, exactly the logits of a fresh forward over
-  [bos] + the last W-1 tokens at positions 0..W-1 (a training window); with more layers the
-  cached deeper keys of the other tokens also carry older context, as with any rolling cache. A multi-position step
-  past the window needs one sink rotation per query: the model feeds it one position at a time.
+Why the ring is exact for RoPE and what the sink is for: docs/experiments.md, "language model".
 """
 
 from __future__ import annotations

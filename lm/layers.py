@@ -1,10 +1,10 @@
-"""Transformer building blocks, following seeds 000-002 term by term.
+"""Transformer building blocks, term by term as the seeds write them (docs/theory.md, seeds 000-002).
 
 Shapes: B batch, S positions, d = d_model, H query heads, H_kv key/value heads, Dh = d / H.
 
-* LayerNorm / RMSNorm act on each position's feature vector only (seed 000 / 002).
+* LayerNorm / RMSNorm act on each position's feature vector only (seeds 000 / 002).
 * SinusoidalPositions / LearnedPositions are additive encodings H = E + P (seed 000);
-  RotaryEmbedding rotates queries and keys inside attention instead (seed 002).
+  lm.rope's RotaryEmbedding rotates queries and keys inside attention instead (seed 002).
 * Attention: scores q.k / sqrt(Dh), causal -inf mask, softmax, weighted values, heads
   concatenated and projected by W_O (seed 001), through F.scaled_dot_product_attention;
   grouped-query attention when H_kv < H (each K/V head serves H / H_kv query heads).
@@ -30,7 +30,7 @@ from lm.rope import RotaryEmbedding, apply_rotary  # noqa: F401  (RotaryEmbeddin
 class LayerNorm(nn.Module):
     """gamma * (h - mu) / sqrt(sigma^2 + eps) + beta, mu and sigma^2 over the last (feature) axis only.
 
-    [..., d] -> [..., d]. A constant vector has sigma^2 = 0 and maps to beta (seed 000).
+    [..., d] -> [..., d]. A constant vector has sigma^2 = 0 and maps to beta (docs/theory.md, seed 000).
     """
 
     def __init__(self, d: int, eps: float = 1e-5, bias: bool = True):
@@ -44,7 +44,8 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """w * h / sqrt(mean(h^2) + eps) over the last axis: LayerNorm with mu = 0 and no shift (seed 002)."""
+    """w * h / sqrt(mean(h^2) + eps) over the last axis: LayerNorm with mu = 0 and no shift
+    (docs/theory.md, seed 002). [..., d] -> [..., d]."""
 
     def __init__(self, d: int, eps: float = 1e-5):
         super().__init__()
@@ -57,7 +58,8 @@ class RMSNorm(nn.Module):
 
 def make_norm(cfg: LMConfig) -> nn.Module:
     if cfg.norm == "layernorm":
-        return LayerNorm(cfg.d_model, cfg.norm_eps)  # beta always: "a learned scale and shift" (seed 000)
+        # beta always: "a learned scale and shift" (docs/theory.md, seed 000)
+        return LayerNorm(cfg.d_model, cfg.norm_eps)
     return RMSNorm(cfg.d_model, cfg.norm_eps)
 
 
@@ -83,7 +85,7 @@ class SinusoidalPositions(nn.Module):
 
 
 class LearnedPositions(nn.Module):
-    """One learned row per position up to max_len (E_pos, seed 001). positions [S] long -> [S, d]."""
+    """One learned row per position up to max_len (E_pos; docs/theory.md, seed 001). positions [S] long -> [S, d]."""
 
     def __init__(self, d: int, max_len: int):
         super().__init__()

@@ -6,10 +6,10 @@
       -> n_layers pre-norm blocks (RoPE inside attention) -> final norm
       -> N_c heads, head c: [B, S, d] -> [B, S, |V|]        stacked: [B, N_c, S, |V|]
 
-Training (seed 000, next-token prediction): frames [B, N_c, T] are laid out by the codebook
-pattern into seq [B, N_c, S]; the inputs are [bos, seq[..., :-1]] (the targets shifted right by
-one) and the targets are seq. Padding and pattern-invalid positions are left out of both the
-sum and the count of the loss.
+Training (next-token prediction; docs/theory.md, seed 000): frames [B, N_c, T] are laid out by
+the codebook pattern into seq [B, N_c, S]; the inputs are [bos, seq[..., :-1]] (the targets
+shifted right by one) and the targets are seq. Padding and pattern-invalid positions are left
+out of both the sum and the count of the loss.
 
 The model knows nothing about audio: a codec fingerprint travels in the config only so that
 tokens from another codec can be refused by the code that loads both.
@@ -52,11 +52,20 @@ class LMLoss:
         return self.nll_sum.detach() / self.count
 
     def perplexity(self) -> Tensor:
-        """exp(mean cross-entropy) over all valid targets (seed 001)."""
+        """exp(mean cross-entropy) over all valid targets (docs/theory.md, seed 001)."""
         return self.loss.detach().exp()
 
 
 class MultiCodebookLM(nn.Module):
+    """A decoder-only transformer over N_c parallel code streams: N_c embedding tables summed at the
+    input, N_c output heads, a codebook pattern (lm.patterns) between frames and model positions.
+
+    forward: tokens [B, N_c, S] ids in 0..|V|+1 (pattern space) -> logits [B, N_c, S, |V|].
+    loss / token_nll / log_likelihood: codes [B, N_c, T] in 0..|V|-1 (frames; the pattern is
+    applied inside). generate: prompt [B, N_c, T0] -> codes [B, N_c, T0 + n].
+    save_pretrained / from_pretrained: a folder of config.json + model.safetensors.
+    """
+
     def __init__(self, cfg: LMConfig):
         super().__init__()
         if not isinstance(cfg, LMConfig):

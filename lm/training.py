@@ -1,24 +1,19 @@
 """Training the multi-codebook LM with Lightning: the LightningModule, its optimizer and schedule,
-the LightningCLI entry point, held-out evaluation and the export to a save_pretrained folder.
+the LightningCLI entry point, held-out evaluation and the unigram baseline.
 
-Choices (and why):
-
-* AdamW; weight decay only on the matrices of matrix products (attention, FFN, output heads:
-  parameters with dim >= 2 that are not embedding tables). No decay on embeddings (a table row
-  of a rare token would shrink on every step while its gradient is almost always zero), on norm
-  gains or biases. With tied heads the shared tensor is an embedding and is not decayed.
+* AdamW with weight decay only on the matrices of matrix products (attention, FFN, output heads:
+  parameters with dim >= 2 that are not embedding tables); none on embeddings, norm gains, biases.
 * The learning rate rises linearly from 0 over `warmup_steps` optimizer steps, then follows a
-  cosine from `lr` down to `min_lr_ratio * lr` at the last step; it is updated every step.
-* Gradient clipping, precision (bf16-mixed / 32-true), gradient accumulation and DDP are the
-  Trainer's own (recipes in `recipes/`), nothing home-made.
-* Exact resume: Lightning saves optimizer, scheduler, loops and the DataModule's stream
-  position; this module adds the RNG states (torch, python, numpy) and restores them at the
-  start of training, so a resumed run repeats the same losses as an uninterrupted one.
-* Metrics: loss and perplexity per codebook and overall (train and held-out), codebook tokens
-  per second (all ranks), and MFU: the model's training FLOPs over the fp32 matmul peak that
-  `measure_matmul_peak` measures on this machine at the start of the fit (no hard-coded peak).
-* After fit, rank 0 writes `<trainer.default_root_dir>/pretrained/` with save_pretrained; its
-  config carries the codec fingerprint of the training tokens.
+  cosine from `lr` down to `min_lr_ratio * lr` at the last step, updated every step.
+* Gradient clipping, precision, gradient accumulation and DDP are the Trainer's own (recipes/).
+* Exact resume: Lightning's checkpoint (optimizer, scheduler, loops, the DataModule's stream
+  position) plus the RNG states (torch, python, numpy) this module saves and restores.
+* Metrics: loss and perplexity per codebook and overall (train and held-out), codebook tokens per
+  second (all ranks), and MFU against the fp32 matmul peak `measure_matmul_peak` measures at fit start.
+* After fit, rank 0 saves `<trainer.default_root_dir>/pretrained/` (save_pretrained); its config
+  carries the codec fingerprint of the training tokens.
+
+Why these choices: docs/experiments.md, "language model".
 """
 
 from __future__ import annotations
@@ -219,7 +214,7 @@ class LMTrainingModule(pl.LightningModule):
     # -- optimizer --------------------------------------------------------------------------------
     def configure_optimizers(self):
         hp = self.hparams
-        # fused: one kernel for all parameters (on CPU ~5x faster than the per-tensor loop).
+        # fused: one kernel for all parameters (docs/experiments.md, "language model").
         optimizer = torch.optim.AdamW(decay_groups(self.model, hp.weight_decay), lr=hp.lr,
                                       betas=tuple(hp.betas), eps=hp.adam_eps, fused=True)
         total = hp.total_steps or int(self.trainer.estimated_stepping_batches)
