@@ -427,6 +427,21 @@ def test_export_lm_writes_half_precision_and_keeps_other_files(tmp_path, capsys)
     assert (tmp_path / "out" / "MODEL_CARD.md").read_text() == "card"
 
 
+def test_save_pretrained_replaces_a_saved_lm_but_never_a_model_card(tmp_path):
+    """Saving over a saved LM replaces it whole (no file of the old save is left behind); a folder
+    that holds anything else (a model card) is refused and left as it was."""
+    folder = MultiCodebookLM(tiny(d_model=64)).save_pretrained(tmp_path / "lm")
+    model = MultiCodebookLM(tiny()).eval()
+    assert model.save_pretrained(folder) == folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lm"]  # no temporary folder left over
+    assert MultiCodebookLM.from_pretrained(folder).cfg == model.cfg
+    (folder / "MODEL_CARD.md").write_text("card")
+    with pytest.raises(FileExistsError, match=r"MODEL_CARD\.md"):
+        MultiCodebookLM(tiny(d_model=64)).save_pretrained(folder)
+    assert (folder / "MODEL_CARD.md").read_text() == "card"
+    assert MultiCodebookLM.from_pretrained(folder).cfg == model.cfg
+
+
 def test_from_pretrained_refuses_bad_folders_clearly(tmp_path):
     """Bad checkpoints get a message that says what is wrong, never a traceback from deep inside."""
     with pytest.raises(FileNotFoundError, match="no LM folder"):
