@@ -12,23 +12,15 @@ encoder or decoder). If (a) is much better, the quantizer is (more codebooks, la
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rvqlm.roundtrips import held_out_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--codec", required=True, help="a saved codec folder")
-    p.add_argument("--corpus", default="data/fillets-cs-16k")
-    p.add_argument("--split", default="valid", choices=("train", "valid", "test"))
-    p.add_argument("--max-files", type=int, default=20)
-    p.add_argument("--threads", type=int, default=1)
+    p = held_out_parser(__doc__.split("\n\n")[0], max_files=20)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 

@@ -25,22 +25,19 @@ makes the true magnitudes nearly perfect, they are not.
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rvqlm.roundtrips import held_out_parser
+
 
 VARIANTS = ("ours", "ours magnitude + true phase", "true magnitude + ours phase", "true magnitude + random phase",
             "true magnitude + Griffin-Lim", "ours magnitude + Griffin-Lim",
             "ours below 4 kHz + true above", "true below 4 kHz + ours above")
 BAND_SPLIT_HZ = 4000.0
-METRICS = ("mel", "si_sdr", "stoi", "pesq")
 
 
 def griffin_lim(magnitude: torch.Tensor, phase: torch.Tensor, stft, istft, n_iter: int = 100,
@@ -93,20 +90,16 @@ def spectral_mixes(codec, wav: torch.Tensor, *, n_iter: int = 100, seed: int = 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--codec", required=True, help="a saved codec folder with the iSTFT decoder")
-    p.add_argument("--corpus", default="data/fillets-cs-16k")
-    p.add_argument("--split", default="valid", choices=("train", "valid", "test"))
-    p.add_argument("--max-files", type=int, default=8)
+    p = held_out_parser(__doc__.split("\n\n")[0], max_files=8,
+                        codec_help="a saved codec folder with the iSTFT decoder")
     p.add_argument("--griffin-lim-iters", type=int, default=100)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     from codec.audio import load_audio
-    from codec_quality import mono_codec_and_files
-    from quality_metrics import align, estimate_lag, mean_scores, score
+    from rvqlm.metrics import METRICS, align, estimate_lag, mean_scores, score
+    from rvqlm.roundtrips import mono_codec_and_files
 
     t0 = time.perf_counter()
     codec, files = mono_codec_and_files(args.codec, args.corpus, args.split, args.max_files, "codec_phase.py")

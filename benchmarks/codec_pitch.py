@@ -5,13 +5,10 @@
 
 Needs `make bench-setup` (librosa for pYIN; ffmpeg/libopus and codec2 for the reference rows).
 
-A codec can get the spectral envelope right (a low mel distance) and still sound rough or
-out of tune if its voiced frames drift off the speaker's fundamental. For each file (the ones
-`codec_quality.py` picks: `--max-files` files of `--split` spread over its sorted list, >= 1 s)
-the script decodes it with our codec at each `--n-codebooks`, with Opus 6 kbps and with codec2
-3200, aligns every output to the original as `codec_quality.py` does, tracks F0 on both with pYIN
-(`quality_metrics.pitch_track`: 10 ms frames, 60-500 Hz) and pools over all files' frames
-(`quality_metrics.pitch_agreement`):
+For each file (`rvqlm.roundtrips.pick_files`: `--max-files` files of `--split`, >= 1 s) the
+script decodes it with our codec at each `--n-codebooks`, with Opus 6 kbps and with codec2 3200,
+aligns every output to the original, tracks F0 on both with pYIN (`rvqlm.metrics.pitch_track`:
+10 ms frames, 60-500 Hz) and pools over all files' frames (`rvqlm.metrics.pitch_agreement`):
 
     median / p90 cents    |1200 log2(f0_decoded / f0_original)| on the frames voiced in both
     > 50 cents            the share of those frames off by more than a quarter tone
@@ -23,34 +20,27 @@ pYIN reports F0 on a 10-cent grid, so 10 cents is the best a row can score.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rvqlm.roundtrips import held_out_parser
+
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--codec", required=True, help="a saved codec folder")
-    p.add_argument("--corpus", default="data/fillets-cs-16k")
-    p.add_argument("--split", default="valid", choices=("train", "valid", "test"))
-    p.add_argument("--max-files", type=int, default=8)
+    p = held_out_parser(__doc__.split("\n\n")[0], max_files=8)
     p.add_argument("--n-codebooks", type=int, nargs="*", help="our bitrates to score (default: 2, 4 and all)")
     p.add_argument("--no-opus", action="store_true", help="leave out the Opus 6 kbps row")
     p.add_argument("--no-codec2", action="store_true", help="leave out the codec2 3200 row")
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     from codec.audio import load_audio
-    from codec_quality import SAMPLE_RATE, codec2_roundtrip, mono_codec_and_files, opus_roundtrip, ours_roundtrip
-    from quality_metrics import align, estimate_lag, pitch_agreement, pitch_track, pool_pitch
+    from rvqlm.metrics import align, estimate_lag, pitch_agreement, pitch_track, pool_pitch
+    from rvqlm.roundtrips import SAMPLE_RATE, codec2_roundtrip, mono_codec_and_files, opus_roundtrip, ours_roundtrip
 
     t0 = time.perf_counter()
     codec, files = mono_codec_and_files(args.codec, args.corpus, args.split, args.max_files, "codec_pitch.py")

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from codec import Codec, CodecConfig  # noqa: E402
-from codec.losses import MultiScaleMelLoss, waveform_l1  # noqa: E402
+from codec import Codec, CodecConfig
+from codec.losses import MultiScaleMelLoss, waveform_l1
 
 CONFIGS = {
     "seanet (decoder_channels 32)": dict(decoder="seanet"),

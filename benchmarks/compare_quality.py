@@ -20,8 +20,6 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 LOWER_IS_BETTER = {"mel"}
 DEFAULT_METRICS = ("mel", "stoi", "pesq")
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -42,13 +41,11 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
-
-from lm import MultiCodebookLM  # noqa: E402
-from lm.data import TokenFiles  # noqa: E402
-from lm.generate import fresh_window  # noqa: E402
-from lm.training import check_fingerprint  # noqa: E402
-from rvqlm_core.token_shards import TokenShards  # noqa: E402
+from lm import MultiCodebookLM
+from lm.data import TokenFiles
+from lm.generate import fresh_window
+from lm.training import check_fingerprint
+from rvqlm_core.token_shards import TokenShards
 
 MODES = ("recompute", "ring + sink", "plain ring")
 

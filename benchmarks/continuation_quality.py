@@ -27,7 +27,7 @@ Columns (means over prompts):
   last context-length window of frames when prompt + continuation is longer). Its own
   samples at temperature 1 should score about the held-out NLL; far lower means it settled into
   something very predictable (silence, loops).
-* rep share: `quality_metrics.repetition(...).share` on codebook 0 with n-grams of `--ngram` frames
+* rep share: `rvqlm.metrics.repetition(...).share` on codebook 0 with n-grams of `--ngram` frames
   (default 8 = 160 ms at 50 Hz): the share of the continuation's n-grams that copy an earlier one
   (prompt included). 0 for fresh material, 1 for a pure loop.
 * longest rep (s): the longest span of the continuation (codebook 0) that copies an earlier span.
@@ -41,18 +41,14 @@ from __future__ import annotations
 import argparse
 import math
 import platform
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from quality_metrics import repetition, silence_share  # noqa: E402
+from rvqlm.cli import run_script
+from rvqlm.metrics import repetition, silence_share
 
 
 @dataclass(frozen=True)
@@ -278,8 +274,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
-        print(f"continuation_quality: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_script(main, "continuation_quality")

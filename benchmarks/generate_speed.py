@@ -29,13 +29,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
 from lm import LMConfig, MultiCodebookLM
 from lm.generate import generate

@@ -17,13 +17,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repo's own packages
 from lm import LMConfig, MultiCodebookLM
 from lm.training import decay_groups, measure_matmul_peak
 

@@ -6,8 +6,8 @@
 (a) the first `--files` wav files of the built-in corpus (real speech, 16 kHz), (b) one file of
 `--hours` made by concatenating corpus audio. Each case runs `tokenize_folder` in a fresh
 process, so its peak RSS (main process, and the largest decoding worker) is the case's own.
-Speed does not depend on the codec's weights, so a random default `Codec(CodecConfig())` stands
-in until a trained one exists. The load average is printed: this machine may be shared, and then
+Speed does not depend on the codec's weights, so without `--codec` a random default
+`Codec(CodecConfig())` is timed. The load average is printed: this machine may be shared, and then
 "audio s per CPU s" (CPU time of the whole case, torch import and decoding workers included) is
 the steadier figure; x real time on N idle cores is at most N times it.
 """

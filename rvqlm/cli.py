@@ -14,6 +14,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import Callable, NoReturn
 
 COMMAND_MODULES = ("corpus", "codec", "tokenize", "lm", "generate", "demo")
 
@@ -41,6 +42,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rvqlm {args.command}: error: {e}", file=sys.stderr)
         return 2
     return int(result or 0)
+
+
+def run_script(script_main: Callable[[], int | None], name: str) -> NoReturn:
+    """Exit with `script_main()`'s status; user errors print one line, `NAME: error: ...`, and exit 1
+    (a benchmark script's entry point)."""
+    try:
+        sys.exit(script_main())
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ class DemoSettings:
     n_prompts: int = 3
     prompt_seconds: float = 3.0
     continuation_seconds: float = 6.0
-    # Plain sampling (docs/experiments.md, "application, demo and benchmarks").
+    # Plain sampling: the one setting whose continuations resemble held-out speech (docs/experiments.md).
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None

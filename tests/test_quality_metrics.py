@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import codec_bottleneck as cb  # noqa: E402
-import codec_phase as cphase  # noqa: E402
-import codec_pitch as cpitch  # noqa: E402
-import codec_quality as cq  # noqa: E402
-import continuation_quality as cont  # noqa: E402
-import quality_metrics as qm  # noqa: E402
+import rvqlm.metrics as qm
+import rvqlm.roundtrips as roundtrips
+from benchmarks import codec_bottleneck as cb
+from benchmarks import codec_phase as cphase
+from benchmarks import codec_pitch as cpitch
+from benchmarks import codec_quality as cq
+from benchmarks import compare_quality as cmp
+from benchmarks import continuation_quality as cont
 
 SR = 16000
 # ffmpeg, codec2, pesq and pystoi are installed by `make test` (scripts/system_deps.sh, the dev extra):
@@ -142,7 +141,7 @@ def test_silence_share_counts_frames_below_the_threshold():
 # ---- reference codecs on real speech --------------------------------------------------------------
 
 def test_opus_roundtrip_keeps_timing_and_bitrate_and_sounds_like_speech(speech, tmp_path):
-    rt = cq.opus_roundtrip(speech, SR, 6.0, tmp_path)
+    rt = roundtrips.opus_roundtrip(speech, SR, 6.0, tmp_path)
     assert abs(len(rt.decoded) - len(speech)) <= SR // 50  # ffmpeg removes the encoder's pre-skip
     kbps = rt.bits / (len(speech) / SR) / 1000
     assert 3.0 < kbps < 8.0, kbps  # VBR around the 6 kbps target, packets only
@@ -151,7 +150,7 @@ def test_opus_roundtrip_keeps_timing_and_bitrate_and_sounds_like_speech(speech, 
     s = qm.score(speech, qm.align(rt.decoded, lag, len(speech)), SR)
     assert s["stoi"] > 0.7 and s["pesq"] > 1.3
     with pytest.raises(ValueError, match="below 6"):
-        cq.opus_roundtrip(speech, SR, 4.0, tmp_path)
+        roundtrips.opus_roundtrip(speech, SR, 4.0, tmp_path)
 
 
 def test_ogg_packet_sizes_follow_the_lacing_values():
@@ -159,23 +158,23 @@ def test_ogg_packet_sizes_follow_the_lacing_values():
         return b"OggS" + bytes(22) + bytes([len(lacing)]) + bytes(lacing) + bytes(sum(lacing))
 
     # packet of 255 + 10 bytes spanning one page's lacing, then a 3-byte packet, then a 0-byte one
-    assert cq.ogg_packet_bytes(page([255, 10, 3]) + page([0])) == [265, 3, 0]
+    assert roundtrips.ogg_packet_bytes(page([255, 10, 3]) + page([0])) == [265, 3, 0]
     with pytest.raises(ValueError, match="Ogg"):
-        cq.ogg_packet_bytes(b"RIFF" + bytes(40))
+        roundtrips.ogg_packet_bytes(b"RIFF" + bytes(40))
 
 
 def test_codec2_roundtrip_bits_are_the_mode_s_frames(speech, tmp_path):
-    rt = cq.codec2_roundtrip(speech, SR, "1200", tmp_path)  # 48 bits = 6 bytes per 40 ms frame
+    rt = roundtrips.codec2_roundtrip(speech, SR, "1200", tmp_path)  # 48 bits = 6 bytes per 40 ms frame
     frames = len(speech) / 2 // 320  # 40 ms frames of the 8 kHz signal
     assert rt.bits == 48 * frames
     assert abs(len(rt.decoded) - len(speech)) <= 640
     lag = qm.estimate_lag(speech, rt.decoded, SR)
     s = qm.score(speech, qm.align(rt.decoded, lag, len(speech)), SR)
     assert s["stoi"] > 0.45  # a vocoder: intelligible, with its own phase (SI-SDR says nothing)
-    wide = cq.codec2_roundtrip(speech, SR, "450PWB", tmp_path)
+    wide = roundtrips.codec2_roundtrip(speech, SR, "450PWB", tmp_path)
     assert abs(len(wide.decoded) - len(speech)) <= 640
     with pytest.raises(ValueError, match="mode"):
-        cq.codec2_roundtrip(speech, SR, "999", tmp_path)
+        roundtrips.codec2_roundtrip(speech, SR, "999", tmp_path)
 
 
 # ---- the benchmark's own logic --------------------------------------------------------------------
@@ -208,10 +207,10 @@ def test_opus_bitrates_default_to_the_floor_and_ours_above_it():
 
 def test_pick_files_spreads_over_the_sorted_list(speech_files):
     files = speech_files["test"]
-    picked = cq.pick_files(files, 5, 1.0)
+    picked = roundtrips.pick_files(files, 5, 1.0)
     assert len(picked) == 5 and picked == sorted(picked) and len({p.parent for p in picked}) >= 3
     with pytest.raises(ValueError, match="at least"):
-        cq.pick_files(files[:3], 5, 1e6)
+        roundtrips.pick_files(files[:3], 5, 1e6)
 
 
 def test_codec_quality_end_to_end_on_a_tiny_random_codec(tmp_path, capsys):
@@ -448,8 +447,6 @@ def test_continuation_quality_end_to_end_on_a_tiny_lm(tiny_pair, capsys):
 
 
 def test_paired_difference_hand_counted():
-    import compare_quality as cmp
-
     # diffs +0.1, +0.3, -0.1: mean 0.1, sample sd 0.2, se 0.2 / sqrt(3); two of three better
     d = cmp.paired_difference([1.0, 2.0, 3.0], [1.1, 2.3, 2.9])
     assert d["files"] == 3 and d["better"] == 2
@@ -463,8 +460,6 @@ def test_paired_difference_hand_counted():
 
 
 def test_compare_quality_runs_pairs_rows_and_refuses_other_files(tmp_path, capsys):
-    import compare_quality as cmp
-
     def run(pesq, files=("a.wav", "b.wav")):
         scores = [{"mel": 0.2, "stoi": 0.8, "pesq": p} for p in pesq]
         return {"files": list(files), "codec_fingerprint": "f" * 64,

@@ -1,33 +1,19 @@
-"""Metric helpers shared by the quality benchmarks (codec_quality.py, continuation_quality.py).
+"""Quality measures for decoded and generated speech (used by benchmarks/ and their tests).
 
-Reconstruction quality (reference and decoded speech at the same rate, 1-D float arrays in [-1, 1]):
+Signals are 1-D float arrays in [-1, 1] at one rate.
 
-* `estimate_lag` / `align`: a decoded file from another codec can be delayed (encoder look-ahead,
-  resampler filters) or padded. `estimate_lag` finds the shift L that best lines the decoded signal
-  up with the reference, `decoded[n + L] ~ reference[n]`, in two steps over the first `window_s`
-  seconds: the peak of the cross-correlation of the two signals' 5 ms energy envelopes within
-  +-`max_lag_s` (coarse; it also holds for codecs that make their own phase: vocoders such as
-  codec2 and our spectrum-predicting decoder, whose waveforms do not correlate with the input's,
-  so a waveform peak is noise and once cost our codec 0.07 STOI), then the peak of the waveforms'
-  cross-correlation within +-`refine_s` of it (exact to the sample where phases are kept). `align`
-  applies it: drops L leading samples (or prepends -L zeros) and then cuts or zero-pads the end to
-  the reference's length, so both signals have exactly the same samples.
-* `score`: mel distance (`codec.losses.mel_distance`, multi-scale log-mel L1, lower is better),
-  SI-SDR in dB (`codec.losses.si_sdr`), STOI (pystoi, 0..1) and wideband PESQ (pesq, MOS-LQO
-  1.04..4.64). A metric that cannot be computed on a file (PESQ finds no speech, or the package is
-  missing) is NaN there, and `mean_scores` averages the other files.
+* Alignment: `estimate_lag` finds the shift L with `decoded[n + L] ~ reference[n]` (coarse from
+  the energy envelopes' cross-correlation, which also holds for decoders that make their own phase,
+  then refined on the waveforms); `align` removes it and cuts or pads to the reference's length.
+* Reconstruction: `score` gives mel distance (lower is better), SI-SDR dB, STOI (0..1) and wideband
+  PESQ (1.04..4.64); a metric that cannot be computed (no speech found, package missing) is NaN,
+  and `mean_scores` averages the other files.
+* Pitch: `pitch_track` (pYIN, 10 ms frames) and `pitch_agreement` (error in cents on frames voiced
+  in both, voicing recall and false voicing), pooled over files by `pool_pitch`.
+* Generated tokens and audio: `repetition` (copied n-grams, longest copied span) and
+  `silence_share` (frames under -40 dBFS).
 
-Pitch (codec_pitch.py):
-
-* `pitch_track`: F0 and voicing of 10 ms frames by probabilistic YIN (librosa's `pyin`, 60-500 Hz).
-* `pitch_agreement`: how well a decoded file keeps the reference's pitch: the error in cents on the
-  frames voiced in both (median, 90th percentile, share off by more than 50 cents: a quarter tone,
-  clearly out of tune), and how the voicing decisions agree.
-
-Generated token streams and audio (continuation_quality.py):
-
-* `repetition`: how much of a continuation copies what came before it (see its docstring).
-* `silence_share`: the share of 20 ms frames quieter than -40 dBFS.
+pesq, pystoi and librosa (`make bench-setup`) are imported inside the functions that need them.
 """
 
 from __future__ import annotations
