@@ -97,3 +97,20 @@ def test_demo_refuses_bad_settings(tmp_path, flag, capsys):
     assert main(["demo", "--samples", str(tmp_path), *flag]) == 2
     assert "must be" in capsys.readouterr().err
     assert not (tmp_path / "index.html").exists()
+
+
+def test_demo_fine_tunes_the_shipped_lm_for_its_time_budget(demo, corpus_dir, tmp_path):
+    """The path `make demo` takes: the shipped LM fine-tuned with its recipe (here for 6 s, the
+    shortest budget), exported, and used for the continuations."""
+    _, first_work = demo
+    tokens = next(first_work.glob("tokens-4-per-split-*"))  # tokenized by the first run: reused
+    samples, work = tmp_path / "samples", tmp_path / "work"
+    assert main(["demo", "--samples", str(samples), "--work-dir", str(work), "--corpus", str(corpus_dir),
+                 "--corpus-files", "4", "--tokens", str(tokens), "--lm-minutes", "0.05", "--prompts", "1",
+                 "--prompt-seconds", str(PROMPT_SECONDS), "--seconds", str(SECONDS)]) == 0
+    assert (work / "lm" / "pretrained" / "model.safetensors").is_file()
+    assert "LM: the shipped lm-speech-16k fine-tuned for 0.1 min" in (samples / "index.html").read_text()
+    nll = json.loads((samples / "metrics.json").read_text())[
+        "Held-out negative log-likelihood, valid split (nats/token)"]
+    assert len(nll) == 8 and all(0 < float(r["LM"]) < math.log(1024) + 1 for r in nll)
+    assert not list(work.glob("tokens-*"))  # --tokens: no second token folder
