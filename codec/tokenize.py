@@ -399,7 +399,7 @@ def tokenize_folder(
     try:
         # Weight-normed convs recompute their weights on every call unless cached: ~30% of a call.
         with torch.nn.utils.parametrize.cached():
-            run.go(decoder)
+            run.tokenize_all(decoder)
         writer.close()
     finally:
         decoder.close()
@@ -431,7 +431,8 @@ class _Run:
 
             self.bar = tqdm(total=len(todo), unit="file", desc="tokenizing", dynamic_ncols=True)
 
-    def go(self, decoder: _OrderedDecoder) -> None:
+    def tokenize_all(self, decoder: _OrderedDecoder) -> None:
+        """Decode every file, encode its pieces in batches and write the files' tokens in order."""
         sr, ch = self.codec.sample_rate, self.codec.channels
         for d in decoder.map([s.source for s in self.files]):
             state = self.files[d.index]
