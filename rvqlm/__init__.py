@@ -1,6 +1,7 @@
-"""rvqlm: the command-line application and the small utilities shared by `codec` and `lm`.
+"""rvqlm: the application on top of `codec` and `lm`: the `rvqlm` command, the built-in corpus, the
+demo and its listening report, and the quality measures the benchmarks use.
 
-Importing this package imports neither `codec` nor `lm`; the two libraries stay independent.
+Nothing in `rvqlm_core`, `codec` or `lm` imports it.
 """
 
 __version__ = "0.1.0"

@@ -114,3 +114,19 @@ def test_demo_fine_tunes_the_shipped_lm_for_its_time_budget(demo, corpus_dir, tm
         "Held-out negative log-likelihood, valid split (nats/token)"]
     assert len(nll) == 8 and all(0 < float(r["LM"]) < math.log(1024) + 1 for r in nll)
     assert not list(work.glob("tokens-*"))  # --tokens: no second token folder
+
+
+def test_corpus_subset_links_the_first_files_of_each_split_and_refuses_another(corpus_dir, tmp_path):
+    from rvqlm.corpus import CorpusError, corpus_files, corpus_subset
+
+    sub = corpus_subset(corpus_dir, tmp_path / "sub", 2)
+    for split in ("train", "valid", "test"):
+        files = corpus_files(sub, split)
+        first = corpus_files(corpus_dir, split)[:2]
+        assert [f.relative_to(sub) for f in files] == [f.relative_to(corpus_dir) for f in first]
+        assert all(f.is_symlink() and f.resolve() == (corpus_dir / f.relative_to(sub)).resolve() for f in files)
+    assert corpus_subset(corpus_dir, tmp_path / "sub", 2) == sub  # already there: reused
+    with pytest.raises(CorpusError, match="another corpus"):
+        corpus_subset(corpus_dir, tmp_path / "sub", 3)
+    with pytest.raises(ValueError, match=">= 1"):
+        corpus_subset(corpus_dir, tmp_path / "other", 0)

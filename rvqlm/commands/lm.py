@@ -2,7 +2,7 @@
 tokens, write it again (half precision for shipping).
 
     rvqlm train-lm --config recipes/lm_speech.yaml [--trainer.max_steps 2000] [--ckpt_path last]
-    rvqlm eval-lm --lm runs/lm_speech/pretrained --tokens data/tokens/fillets-cs-16k --split valid
+    rvqlm eval-lm --lm runs/lm_speech/pretrained --tokens data/tokens/fillets-cs-16k-da36b43ca2e1 --split valid
     rvqlm export-lm runs/lm_speech/pretrained models/lm-speech-16k --dtype float16
 """
 

@@ -11,7 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tokenize",
         help="encode every audio file under a folder into token shards for LM training",
         description="Encode every audio file under AUDIO_DIR (recursively) with a codec into token shards in "
-                    "OUT_DIR (layout: see the README). Rerunning the same command resumes an interrupted run. "
+                    "OUT_DIR (layout: docs/formats.md). Rerunning the same command resumes an interrupted run. "
                     "Files that cannot be read are listed in OUT_DIR/errors.jsonl; the exit code is 1 if any failed.",
     )
     p.add_argument("audio_dir", metavar="AUDIO_DIR", help="folder of audio files (wav, flac, ogg, mp3, ...)")
