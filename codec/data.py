@@ -5,8 +5,7 @@ Training crops: a stream of batches in which crop i of the run is a pure functio
 run resumes on exactly the batches it would have read (the position is saved in checkpoints);
 validation crops: the middle of each chosen file, the same every time. Training crops may be
 speed-perturbed (`speeds`: each crop is played at one of these speeds, drawn per crop, which moves
-pitch, formants and tempo together, as Kaldi's 0.9 / 1.0 / 1.1 augmentation does): a small corpus
-then shows the codec more voices than it holds. Audio is read with `codec.audio.load_audio` (any format
+pitch, formants and tempo together). Audio is read with `codec.audio.load_audio` (any format
 libsndfile reads, resampled and down/up-mixed to the codec's layout); a file shorter than the crop
 is zero-padded at the end.
 """

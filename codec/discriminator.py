@@ -4,9 +4,8 @@
   (real and imaginary parts as 2 channels per audio channel) and runs a small stack of weight-normed
   2-D convolutions, dilated and strided along time.
 * Multi-period (after HiFi-GAN's MPD): each period p folds the waveform into a [S / p, p] grid, so
-  that samples one period apart line up in a column, and convolves along the columns only. A
-  signal whose period is p (a voice at 16000 / p Hz, or one of its multiples) is then constant down
-  a column: these discriminators judge periodicity, which is what a codec's pitch errors break.
+  that samples one period apart line up in a column, and convolves along the columns only: a
+  signal of period p is constant down a column.
 
 Each returns a map of real/fake logits plus every intermediate feature map (for the
 feature-matching loss). `CodecDiscriminator` holds both kinds (either may be empty). Saved next to
@@ -16,6 +15,7 @@ metadata) so a trained codec can be fine-tuned adversarially.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from typing import Sequence
@@ -27,6 +27,15 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils.parametrizations import weight_norm
+
+
+def _run(convs: nn.ModuleList, post: nn.Module, x: torch.Tensor, slope: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Leaky-ReLU conv stack: (logits of `post`, [every conv's output])."""
+    features = []
+    for conv in convs:
+        x = F.leaky_relu(conv(x), slope)
+        features.append(x)
+    return post(x), features
 
 
 class STFTDiscriminator(nn.Module):
@@ -50,11 +59,7 @@ class STFTDiscriminator(nn.Module):
                           normalized=True)  # [B*C, F, T]
         x = torch.view_as_real(spec).reshape(b, c, *spec.shape[1:], 2)  # [B, C, F, T, 2]
         x = x.permute(0, 1, 4, 2, 3).reshape(b, 2 * c, spec.shape[1], spec.shape[2])  # [B, 2C, F, T]
-        features = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), 0.2)
-            features.append(x)
-        return self.post(x), features
+        return _run(self.convs, self.post, x, slope=0.2)
 
 
 class PeriodDiscriminator(nn.Module):
@@ -80,12 +85,7 @@ class PeriodDiscriminator(nn.Module):
         extra = (-wav.shape[-1]) % self.period
         if extra:
             wav = F.pad(wav, (0, extra), mode="reflect" if wav.shape[-1] > extra else "constant")
-        x = rearrange(wav, "b c (t p) -> b c t p", p=self.period)
-        features = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), 0.1)
-            features.append(x)
-        return self.post(x), features
+        return _run(self.convs, self.post, rearrange(wav, "b c (t p) -> b c t p", p=self.period), slope=0.1)
 
 
 class CodecDiscriminator(nn.Module):
@@ -155,7 +155,11 @@ def load_discriminator(path: str | os.PathLike) -> CodecDiscriminator:
         raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
     if "config" not in meta:
         raise ValueError(f"{path}: no discriminator settings in its metadata")
-    disc = CodecDiscriminator(**json.loads(meta["config"]))  # files without periods: STFT scales only
+    config = json.loads(meta["config"])
+    expected = set(inspect.signature(CodecDiscriminator.__init__).parameters) - {"self"}
+    if set(config) != expected:
+        raise ValueError(f"{path}: discriminator settings {sorted(config)}, expected {sorted(expected)}")
+    disc = CodecDiscriminator(**config)
     try:
         disc.load_state_dict(state, strict=True)
     except RuntimeError as e:

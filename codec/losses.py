@@ -46,10 +46,8 @@ class MultiScaleMelLoss(nn.Module):
 
     `terms` also gives, from the same spectrograms, a loudness-scale distance: per scale
     sum |M_hat^p - M^p| / sum M^p over the example's bins (M the mel magnitudes, p =
-    `loudness_exponent`, 0.3: near the 0.23 of the Zwicker loudness law that PESQ applies to
-    its Bark spectra). The log compares every bin on the same footing, a pause's noise floor as
-    much as a vowel's harmonics; the power law weighs bins by how loud they are, as a listener
-    (and PESQ) does. Being a ratio, it does not depend on the recording's level.
+    `loudness_exponent`): it weighs bins by how loud they are and, being a ratio, does not depend
+    on the recording's level (why: docs/experiments.md).
     """
 
     def __init__(self, sample_rate: int, n_ffts: Sequence[int] = (256, 512, 1024, 2048),
@@ -102,15 +100,7 @@ class PhaseDerivativeLoss(nn.Module):
       group delay             the phase step between neighbouring bins of a frame
       instantaneous frequency the phase step between consecutive frames of a bin
 
-    Group delay places energy in time within a frame; instantaneous frequency is the exact
-    frequency of a partial. Both are what makes overlapping frames add up coherently, and a
-    frame-rate decoder can learn them from its latents. The absolute phase is left out (APNet
-    has it): it does not matter to the ear. Measured with benchmarks/codec_phase.py's spectra on
-    the shipped codec: Griffin-Lim's phase for the true magnitudes is as far from the true phase
-    as a random one (1 - cos ~ 1.0) yet gives PESQ 4.0, while its derivatives are close (0.19 /
-    0.17 against 0.57 / 0.60 for random phases).
-
-    Every bin counts in proportion to the original's magnitude to the power `magnitude_power`
+    The absolute phase is left out (why: docs/experiments.md). Every bin counts in proportion to the original's magnitude to the power `magnitude_power`
     (0.5: quiet harmonics still count, silent bins, whose phase is noise, hardly do); a pair of
     bins counts with the smaller weight. `eps` (relative to each example's peak magnitude) keeps
     the phasor of a near-zero output bin finite.

@@ -1,13 +1,11 @@
 """Lightning training of the codec, and the `rvqlm train-codec` entry point (LightningCLI).
 
-`CodecModule` trains with manual optimization: one optimizer for the codec and, when
-`adversarial` is on (from `adversarial_start_step`), a second one for the multi-scale STFT
-discriminator (hinge loss; the codec adds hinge + feature-matching terms). `trainer.global_step`
-counts codec steps only. Every step logs the losses, the bitrate actually used (quantizer
-dropout varies it), per-codebook usage (perplexity, normalized entropy, dead codes) and the
-throughput in seconds of audio per second; validation logs mel distance, SI-SDR, L1 and the phase loss at the
-full bitrate and mel distance with fewer codebooks, and writes a few audio examples (TensorBoard
-`add_audio`, or wav files under `<log dir>/audio/` for other loggers).
+`CodecModule` trains with manual optimization: one AdamW for the codec and, when adversarial
+training is on (from `adversarial.start_step`), a second one for the discriminator (hinge loss; the
+codec adds hinge + feature-matching terms). `trainer.global_step` counts codec steps only. Each step
+logs the losses, the bitrate used (quantizer dropout varies it), per-codebook usage and seconds of
+audio per second; validation logs mel distance, SI-SDR, L1, loudness and phase at the full bitrate,
+mel distance with fewer codebooks, and a few audio examples.
 
 After `fit`, `train_codec` exports the best checkpoint (lowest validation mel distance, else the
 last weights) with `Codec.save_pretrained` to `<run dir>/pretrained/`, discriminator included.
@@ -16,7 +14,6 @@ last weights) with `Codec.save_pretrained` to `<run dir>/pretrained/`, discrimin
 from __future__ import annotations
 
 import inspect
-import math
 import time
 import warnings
 from pathlib import Path
@@ -33,6 +30,7 @@ from codec.discriminator import (CodecDiscriminator, discriminator_hinge_loss, f
                                  generator_hinge_loss, load_discriminator)
 from codec.losses import MultiScaleMelLoss, PhaseDerivativeLoss, mel_distance, si_sdr, waveform_l1
 from codec.model import DECODER_SETTINGS, DISCRIMINATOR_NAME, Codec, CodecConfig
+from codec.training_config import Adversarial, Losses, Optimization, as_settings, settings_dict
 from rvqlm_core.rng_state import get_rng_state, set_rng_state
 
 
@@ -51,99 +49,62 @@ class StepScheduleLR(torch.optim.lr_scheduler.LambdaLR):
 class CodecModule(L.LightningModule):
     """The codec plus its losses (and optional discriminator), trained on batches wav [B, C, S].
 
-    adversarial: train against a `codec.discriminator.CodecDiscriminator` from
-    `adversarial_start_step` on: multi-scale STFT discriminators at `disc_n_ffts` (`disc_filters`
-    wide) and multi-period ones at `disc_periods` (`disc_period_filters` wide); either list may be
-    empty, not both.
-
-    codec: the architecture (a CodecConfig; a dict of its fields is accepted too, as stored in
-    checkpoints). Loss weights: mel_weight * multi-scale log-mel L1 + l1_weight * waveform L1 +
-    commitment (weighted by codec.commitment_weight) [+ loudness_weight * a loudness-scale distance
-    on the log-mel term's spectrograms, |M|^loudness_exponent (codec.losses.MultiScaleMelLoss.terms;
-    0: off, logged as val/loudness either way)] [+ phase_weight * phase-derivative loss at
-    phase_n_fft / phase_hop (codec.losses.PhaseDerivativeLoss; 0: off), on the output waveform
-    (`phase_on="output"`) or on the iSTFT decoder's predicted spectra before overlap-add
-    (`phase_on="spectrum"`: phase_n_fft / phase_hop must then be the decoder's)] [+ adv_weight *
-    hinge + feat_weight * feature matching]. Learning rate at step s: lr * warmup(s) * lr_gamma**s * cooldown(s), where
-    warmup rises linearly from 1 / lr_warmup_steps to 1 over the first `lr_warmup_steps` steps (0:
-    none; useful with init_from, whose optimizer starts without moment estimates), cooldown is 1
-    until `lr_decay_start` (None: never) and then falls along a half cosine to `lr_min_ratio` over
-    `lr_decay_steps` steps (and stays there). The schedule is a pure function of the step and these
-    settings, so a run resumed with new decay settings follows them from its current step.
-    init_from: a saved codec folder whose weights (codebooks and their EMA statistics included)
-    the run starts from; the step count and schedule start at 0.
+    codec: the architecture (a CodecConfig, or a dict of its fields as checkpoints store it).
+    losses, adversarial, optim: `codec.training_config.Losses`, `Adversarial`, `Optimization` (or
+    dicts of their fields). With `losses.phase_on="spectrum"` the phase loss scores the iSTFT
+    decoder's predicted spectra, so phase_n_fft / phase_hop must be the decoder's.
+    init_from: a saved codec folder whose weights (codebooks and EMA statistics included) the run
+    starts from; the step count and schedule start at 0 (see `_load_initial_weights`).
     train_decoder_only: train the decoder alone (needs init_from): the encoder gets no gradient and
-    the quantizer is frozen (no EMA update, no k-means, no code revival; quantizer dropout still
-    applies), so the codec's tokens, and its `token_fingerprint`, stay those of `init_from`: token
-    shards, `.rvq` files and language models made with it remain valid for the fine-tuned codec.
+    the quantizer is frozen, so the tokens and `token_fingerprint` stay those of `init_from`.
     """
 
-    def __init__(self, codec: CodecConfig = CodecConfig(), lr: float = 3e-4, betas: Sequence[float] = (0.8, 0.99),
-                 weight_decay: float = 0.0, lr_gamma: float = 1.0, lr_warmup_steps: int = 0,
-                 lr_decay_start: Optional[int] = None,
-                 lr_decay_steps: int = 1, lr_min_ratio: float = 0.1, grad_clip: Optional[float] = 1000.0,
-                 mel_weight: float = 15.0, l1_weight: float = 1.0, mel_n_ffts: Sequence[int] = (256, 512, 1024, 2048),
-                 mel_max_mels: int | Sequence[int] = 80, loudness_weight: float = 0.0,
-                 loudness_exponent: float = 0.3, phase_weight: float = 0.0, phase_n_fft: int = 320,
-                 phase_hop: int = 80, phase_on: str = "output",
-                 adversarial: bool = False, adversarial_start_step: int = 0, adv_weight: float = 1.0,
-                 feat_weight: float = 2.0, disc_lr: float = 3e-4, disc_n_ffts: Sequence[int] = (1024, 512, 256),
-                 disc_filters: int = 32, disc_periods: Sequence[int] = (), disc_period_filters: int = 16,
-                 audio_examples: int = 2, init_from: Optional[str] = None,
-                 train_decoder_only: bool = False):
+    def __init__(self, codec: CodecConfig = CodecConfig(), losses: Losses = Losses(),
+                 adversarial: Adversarial = Adversarial(), optim: Optimization = Optimization(),
+                 audio_examples: int = 2, init_from: Optional[str] = None, train_decoder_only: bool = False):
         super().__init__()
         config = codec if isinstance(codec, CodecConfig) else CodecConfig.from_dict(dict(codec or {}))
+        self.losses = as_settings(Losses, losses)
+        self.adversarial = as_settings(Adversarial, adversarial)
+        self.optim = as_settings(Optimization, optim)
+        _check_phase_on(self.losses, config)
         # Checkpoints hold only plain types (they load with torch.load(weights_only=True)).
-        self.save_hyperparameters(ignore=["codec"])
-        self.hparams["codec"] = config.to_dict()
-        self.hparams["betas"] = list(betas)
-        self.hparams["mel_n_ffts"], self.hparams["disc_n_ffts"] = list(mel_n_ffts), list(disc_n_ffts)
-        self.hparams["disc_periods"] = list(disc_periods)
-        self.hparams["mel_max_mels"] = mel_max_mels if isinstance(mel_max_mels, int) else list(mel_max_mels)
+        self.save_hyperparameters(ignore=["codec", "losses", "adversarial", "optim"])
+        self.hparams.update(codec=config.to_dict(), losses=settings_dict(self.losses),
+                            adversarial=settings_dict(self.adversarial), optim=settings_dict(self.optim))
         self.automatic_optimization = False
         self.codec = Codec(config)
-        self.mel_loss = MultiScaleMelLoss(config.sample_rate, mel_n_ffts, mel_max_mels,
-                                          loudness_exponent=loudness_exponent)
-        self.phase_loss = PhaseDerivativeLoss(phase_n_fft, phase_hop)  # a loss when phase_weight > 0, else a metric
-        if loudness_weight < 0 or not loudness_exponent > 0:
-            raise ValueError(f"loudness_weight must be >= 0 and loudness_exponent > 0, got {loudness_weight} "
-                             f"and {loudness_exponent}")
-        if phase_on not in ("output", "spectrum"):
-            raise ValueError(f"phase_on must be 'output' or 'spectrum', got {phase_on!r}")
-        if phase_on == "spectrum" and (config.decoder != "istft" or (phase_n_fft, phase_hop) != (
-                config.istft_window, config.istft_hop)):
-            raise ValueError("phase_on='spectrum' needs the iSTFT decoder, with phase_n_fft = its istft_n_fft "
-                             f"({config.istft_window}) and phase_hop = istft_hop ({config.istft_hop})")
-        self.discriminator = (CodecDiscriminator(disc_n_ffts, config.channels, disc_filters, periods=disc_periods,
-                                                 period_filters=disc_period_filters) if adversarial else None)
+        self.mel_loss = MultiScaleMelLoss(config.sample_rate, self.losses.mel_n_ffts, self.losses.mel_max_mels,
+                                          loudness_exponent=self.losses.loudness_exponent)
+        # a loss when phase_weight > 0, else a metric
+        self.phase_loss = PhaseDerivativeLoss(self.losses.phase_n_fft, self.losses.phase_hop)
+        adv = self.adversarial
+        self.discriminator = (CodecDiscriminator(adv.n_ffts, config.channels, adv.filters, periods=adv.periods,
+                                                 period_filters=adv.period_filters) if adv.enabled else None)
         self._last_step_end: float | None = None
         self._originals_written = False
         self._rng_to_restore: dict | None = None
+        if train_decoder_only and init_from is None:
+            raise ValueError("train_decoder_only needs init_from: a trained codec whose encoder and "
+                             "quantizer (its tokens) the decoder is fine-tuned for")
         if init_from is not None:
             self._load_initial_weights(init_from, new_decoder_allowed=train_decoder_only)
         if train_decoder_only:
-            if init_from is None:
-                raise ValueError("train_decoder_only needs init_from: a trained codec whose encoder and "
-                                 "quantizer (its tokens) the decoder is fine-tuned for")
             self.codec.encoder.requires_grad_(False)
             self.codec.quantizer.frozen = True
 
     def _load_initial_weights(self, folder: str, new_decoder_allowed: bool = False) -> None:
-        """Start from a saved codec (continue training it with fresh optimizer state, e.g. when its
-        run's Lightning checkpoints are gone). Its architecture must be this recipe's, except that
-        an istft_phase "angle" codec may start an "angle_vector" one (same function at step 0), a
-        SEANet encoder may start a wider one (more `encoder_channels`, same function at step 0:
-        `SEANetEncoder.grow_from`; not with train_decoder_only, which keeps the encoder), and
-        with `new_decoder_allowed` (train_decoder_only) the decoder settings may differ: the encoder
-        and quantizer are taken, and a new decoder learns their tokens from scratch."""
+        """Start from a saved codec with fresh optimizer state. Its architecture must be this
+        recipe's, except that an istft_phase "angle" codec may start an "angle_vector" one, a SEANet
+        encoder may start a wider one (`SEANetEncoder.grow_from`; both the same function at step 0;
+        not with train_decoder_only), and with `new_decoder_allowed` the decoder settings may differ
+        (the encoder and quantizer are taken, a new decoder learns their tokens from scratch)."""
         start = Codec.from_pretrained(folder)
         mine, theirs = self.codec.config.to_dict(), start.config.to_dict()
         differ = sorted(k for k in mine if mine[k] != theirs[k])
-        # An "angle" iSTFT head may grow phase vectors, starting as the same decoder.
         grows_vectors = differ == ["istft_phase"] and (theirs["istft_phase"], mine["istft_phase"]) == (
             "angle", "angle_vector") and mine["decoder"] == "istft"
         new_decoder = bool(differ) and not grows_vectors and new_decoder_allowed and set(differ) <= set(DECODER_SETTINGS)
-        # A SEANet encoder may grow wider (more base channels), starting as the same function.
         grows_encoder = (differ == ["encoder_channels"] and mine["encoder"] == "seanet" and not new_decoder_allowed
                          and mine["encoder_channels"] > theirs["encoder_channels"])
         if differ and not (grows_vectors or new_decoder or grows_encoder):
@@ -158,9 +119,7 @@ class CodecModule(L.LightningModule):
             self.codec.encoder.grow_from(start.encoder)
         elif grows_vectors:
             weight, bias = state.pop("decoder.head.weight"), state.pop("decoder.head.bias")
-            missing, unexpected = self.codec.load_state_dict(state, strict=False)
-            if sorted(missing) != ["decoder.head.bias", "decoder.head.weight"] or unexpected:
-                raise ValueError(f"init_from {folder}: unexpected tensors {unexpected} / missing {missing}")
+            self._load_all_but("decoder.head.", state, folder)
             self.codec.decoder.from_angle_head(weight, bias)
         else:
             self.codec.load_state_dict(state)
@@ -175,26 +134,30 @@ class CodecModule(L.LightningModule):
     # ------------------------------------------------------------------ optimization
 
     def configure_optimizers(self):
-        hp = self.hparams
+        o = self.optim
         trained = [p for p in self.codec.parameters() if p.requires_grad]  # decoder only, when so set
-        opt_g = torch.optim.AdamW(trained, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
+        opt_g = torch.optim.AdamW(trained, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
         sched_g = StepScheduleLR(opt_g, self.lr_factor)
         if self.discriminator is None:
             return [opt_g], [sched_g]
-        opt_d = torch.optim.AdamW(self.discriminator.parameters(), lr=hp.disc_lr, betas=tuple(hp.betas))
+        opt_d = torch.optim.AdamW(self.discriminator.parameters(), lr=self.adversarial.disc_lr, betas=tuple(o.betas))
         sched_d = StepScheduleLR(opt_d, self.lr_factor)
         return [opt_g, opt_d], [sched_g, sched_d]
 
     def lr_factor(self, step: int) -> float:
-        """The learning-rate multiplier at optimizer step `step` (see the class docstring)."""
-        hp = self.hparams
-        factor = hp.lr_gamma ** step
-        if step < hp.get("lr_warmup_steps", 0):
-            factor *= (step + 1) / hp.lr_warmup_steps
-        if hp.lr_decay_start is not None and step > hp.lr_decay_start:
-            progress = min((step - hp.lr_decay_start) / max(hp.lr_decay_steps, 1), 1.0)
-            factor *= hp.lr_min_ratio + (1 - hp.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-        return factor
+        """The learning-rate multiplier at optimizer step `step` (`Optimization.lr_factor`)."""
+        return self.optim.lr_factor(step)
+
+    def _step(self, optimizer, scheduler, loss: torch.Tensor, counted: bool) -> None:
+        """Backward, clip, and step one optimizer and its schedule. Only the codec's step is
+        `counted` in trainer.global_step: the discriminator steps its raw optimizer (Lightning
+        counts every LightningOptimizer.step in manual optimization)."""
+        optimizer.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        if self.optim.grad_clip:
+            self.clip_gradients(optimizer, gradient_clip_val=self.optim.grad_clip, gradient_clip_algorithm="norm")
+        (optimizer if counted else optimizer.optimizer).step()
+        scheduler.step()
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -209,69 +172,64 @@ class CodecModule(L.LightningModule):
             set_rng_state(self._rng_to_restore)
             self._rng_to_restore = None
 
+    # ------------------------------------------------------------------ training
+
     def _adversarial_now(self) -> bool:
-        return self.discriminator is not None and self.global_step >= self.hparams.adversarial_start_step
+        return self.discriminator is not None and self.global_step >= self.adversarial.start_step
 
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        hp = self.hparams
-        optimizers = self.optimizers()
-        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
-        schedulers = self.lr_schedulers()
-        schedulers = schedulers if isinstance(schedulers, list) else [schedulers]
-        wav = batch  # [B, C, S]
-
-        out = self.codec(wav)
-        recon = out.audio
-        loudness_weight = hp.get("loudness_weight", 0.0)
-        mel, loudness = self.mel_loss.terms(recon, wav, loudness=loudness_weight > 0)
-        l1 = waveform_l1(recon, wav)
+    def _reconstruction_loss(self, out, wav: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """The codec's loss without the adversarial terms, and its parts to log."""
+        w = self.losses
+        mel, loudness = self.mel_loss.terms(out.audio, wav, loudness=w.loudness_weight > 0)
+        l1 = waveform_l1(out.audio, wav)
         commit = out.quantizer.commit_loss
-        loss = hp.mel_weight * mel + hp.l1_weight * l1 + commit
+        loss = w.mel_weight * mel + w.l1_weight * l1 + commit
         logs = {"train/mel": mel, "train/l1": l1, "train/commit": commit}
-        if loudness_weight > 0:
-            loss = loss + loudness_weight * loudness
+        if w.loudness_weight > 0:
+            loss = loss + w.loudness_weight * loudness
             logs["train/loudness"] = loudness
-        if hp.phase_weight > 0:
-            if hp.get("phase_on", "output") == "spectrum":
+        if w.phase_weight > 0:
+            if w.phase_on == "spectrum":
                 phase = self.phase_loss.on_spectrum(out.spectrum, wav)
             else:
-                phase = self.phase_loss(recon, wav)
-            loss = loss + hp.phase_weight * phase
+                phase = self.phase_loss(out.audio, wav)
+            loss = loss + w.phase_weight * phase
             logs["train/phase"] = phase
+        return loss, logs
 
+    def _adversarial_loss(self, wav: torch.Tensor, recon: torch.Tensor, opt_d, sched_d) -> tuple[torch.Tensor, dict]:
+        """One discriminator step, then the codec's adversarial terms (weighted) and their logs."""
+        real_logits, _ = self.discriminator(wav)
+        fake_logits, _ = self.discriminator(recon.detach())
+        loss_d = discriminator_hinge_loss(real_logits, fake_logits)
+        self._step(opt_d, sched_d, loss_d, counted=False)
+        self.discriminator.requires_grad_(False)
+        with torch.no_grad():
+            _, real_features = self.discriminator(wav)
+        fake_logits, fake_features = self.discriminator(recon)
+        adv = generator_hinge_loss(fake_logits)
+        feat = feature_matching_loss(real_features, fake_features)
+        self.discriminator.requires_grad_(True)
+        loss = self.adversarial.adv_weight * adv + self.adversarial.feat_weight * feat
+        return loss, {"train/disc": loss_d, "train/adv": adv, "train/feat": feat}
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        optimizers, schedulers = self.optimizers(), self.lr_schedulers()
+        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
+        schedulers = schedulers if isinstance(schedulers, list) else [schedulers]
+        wav = batch  # [B, C, S]
+        out = self.codec(wav)
+        loss, logs = self._reconstruction_loss(out, wav)
         if self._adversarial_now():
-            opt_d = optimizers[1]
-            real_logits, _ = self.discriminator(wav)
-            fake_logits, _ = self.discriminator(recon.detach())
-            loss_d = discriminator_hinge_loss(real_logits, fake_logits)
-            opt_d.zero_grad(set_to_none=True)
-            self.manual_backward(loss_d)
-            if hp.grad_clip:
-                self.clip_gradients(opt_d, gradient_clip_val=hp.grad_clip, gradient_clip_algorithm="norm")
-            # Step the raw optimizer so that trainer.global_step counts codec updates only
-            # (Lightning counts every LightningOptimizer.step in manual optimization).
-            opt_d.optimizer.step()
-            schedulers[1].step()
+            adv_loss, adv_logs = self._adversarial_loss(wav, out.audio, optimizers[1], schedulers[1])
+            loss = loss + adv_loss
+            logs.update(adv_logs)
+        self._step(optimizers[0], schedulers[0], loss, counted=True)
+        self._log_step(loss, logs, out.quantizer.metrics, wav, optimizers[0])
+        return loss.detach()
 
-            self.discriminator.requires_grad_(False)
-            with torch.no_grad():
-                _, real_features = self.discriminator(wav)
-            fake_logits, fake_features = self.discriminator(recon)
-            adv = generator_hinge_loss(fake_logits)
-            feat = feature_matching_loss(real_features, fake_features)
-            self.discriminator.requires_grad_(True)
-            loss = loss + hp.adv_weight * adv + hp.feat_weight * feat
-            logs.update({"train/disc": loss_d, "train/adv": adv, "train/feat": feat})
-
-        opt_g = optimizers[0]
-        opt_g.zero_grad(set_to_none=True)
-        self.manual_backward(loss)
-        if hp.grad_clip:
-            self.clip_gradients(opt_g, gradient_clip_val=hp.grad_clip, gradient_clip_algorithm="norm")
-        opt_g.step()
-        schedulers[0].step()
-
-        metrics = out.quantizer.metrics
+    def _log_step(self, loss: torch.Tensor, logs: dict, metrics: dict, wav: torch.Tensor, opt_g) -> None:
+        """Log a training step: losses, bitrate, learning rate, codebook usage and throughput."""
         logs["train/loss"] = loss
         logs["train/kbps"] = self.codec.bitrate_kbps(float(metrics["n_q"]))
         logs["train/lr"] = opt_g.param_groups[0]["lr"]
@@ -284,7 +242,6 @@ class CodecModule(L.LightningModule):
         self._last_step_end = now
         self.log_dict(logs, on_step=True, on_epoch=False, batch_size=wav.shape[0])
         self.log("loss", loss, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=wav.shape[0])
-        return loss.detach()
 
     # ------------------------------------------------------------------ validation
 
@@ -300,7 +257,7 @@ class CodecModule(L.LightningModule):
             "val/loudness": self.mel_loss.terms(recon, wav)[1],
             "val/phase": self.phase_loss(recon, wav),
             **({"val/phase_spectrum": self.phase_loss.on_spectrum(out.spectrum, wav)}
-               if out.spectrum is not None and self.hparams.get("phase_on", "output") == "spectrum" else {}),
+               if out.spectrum is not None and self.losses.phase_on == "spectrum" else {}),
             "val/commit": out.quantizer.commit_loss,
             "val/kbps": self.codec.bitrate_kbps(),
         }
@@ -313,6 +270,8 @@ class CodecModule(L.LightningModule):
             self._write_audio_examples(wav, recon)
 
     def _write_audio_examples(self, wav: torch.Tensor, recon: torch.Tensor) -> None:
+        """A few originals (once) and reconstructions: TensorBoard audio, or wav files under
+        `<log dir>/audio/` for other loggers."""
         n = min(self.hparams.audio_examples, wav.shape[0])
         if n <= 0 or self.logger is None:  # no logger, no log folder: never write into the cwd
             return
@@ -330,6 +289,14 @@ class CodecModule(L.LightningModule):
                     save_audio(folder / "original" / f"{i}.wav", wav[i], sr)
                 save_audio(folder / f"step{step:07d}" / f"{i}.wav", recon[i], sr)
         self._originals_written = True
+
+
+def _check_phase_on(losses: Losses, config: CodecConfig) -> None:
+    """phase_on="spectrum" needs the iSTFT decoder, at the phase loss's own STFT resolution."""
+    if losses.phase_on == "spectrum" and (config.decoder != "istft" or (losses.phase_n_fft, losses.phase_hop) != (
+            config.istft_window, config.istft_hop)):
+        raise ValueError("phase_on='spectrum' needs the iSTFT decoder, with phase_n_fft = its istft_n_fft "
+                         f"({config.istft_window}) and phase_hop = istft_hop ({config.istft_hop})")
 
 
 # ---------------------------------------------------------------------------- export and entry point
@@ -402,4 +369,3 @@ def train_codec(args: Sequence[str]) -> Path:
     out = export_pretrained(cli.model, dest, best or None)
     print(f"codec saved to {out} ({'best checkpoint ' + str(best) if best else 'final weights'})")
     return out
-

@@ -37,7 +37,7 @@ if [ "$CODEC_STEPS3" -gt 0 ]; then
   $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --trainer.max_steps "$CODEC_STEPS3"
   joint=$(last_run codec_speech_long_window_joint)
   $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --trainer.max_steps 9000 \
-      --model.lr_decay_start 7500 --model.lr_decay_steps 1500 --ckpt_path "$joint/checkpoints/last.ckpt"
+      --model.optim.decay_start 7500 --model.optim.decay_steps 1500 --ckpt_path "$joint/checkpoints/last.ckpt"
   $RVQLM export-codec "$(last_run codec_speech_long_window_joint)/checkpoints/last.ckpt" runs/codec_speech_long_window_joint/stage3
   $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --config recipes/codec_speech_cycle.yaml
   # Stage 5 started from stage 4 as shipped, its decoder stored as float16.

@@ -16,6 +16,7 @@ from codec.data import CodecDataModule, FixedCropDataset, RandomCropDataset
 from codec.discriminator import load_discriminator
 from codec.losses import MultiScaleMelLoss, PhaseDerivativeLoss, fit_n_mels, si_sdr
 from codec.training import CodecModule
+from codec.training_config import Losses, Optimization
 from rvqlm.cli import main
 
 
@@ -86,7 +87,7 @@ def test_istft_decoder_codec_learns_real_speech(corpus_dir):
     """The frame-rate ConvNeXt + iSTFT decoder trains end to end with the per-scale mel bands."""
     torch.manual_seed(0)
     config = CodecConfig(**{**TINY.to_dict(), "decoder": "istft", "decoder_dim": 32, "decoder_layers": 2})
-    module = CodecModule(config, lr=3e-3, mel_n_ffts=(256, 1024), mel_max_mels=(40, 160))
+    module = CodecModule(config, losses=Losses(mel_n_ffts=[256, 1024], mel_max_mels=[40, 160]), optim=Optimization(lr=3e-3))
     trainer, before, after = _train_20_steps(module, corpus_dir)
     assert after["val/mel_distance"] < 0.8 * before["val/mel_distance"]
 
@@ -198,7 +199,7 @@ def test_loudness_distance_weighs_loud_bins_and_ignores_level(speech_files):
 
 def test_loudness_weight_puts_the_term_in_the_training_loss(corpus_dir, monkeypatch):
     torch.manual_seed(0)
-    module = CodecModule(TINY, lr=3e-3, mel_n_ffts=(256, 1024), loudness_weight=20.0)
+    module = CodecModule(TINY, losses=Losses(mel_n_ffts=[256, 1024], loudness_weight=20.0), optim=Optimization(lr=3e-3))
     asked, terms = [], module.mel_loss.terms
 
     def recording_terms(x_hat, x, reduction="mean", loudness=True):
@@ -210,14 +211,14 @@ def test_loudness_weight_puts_the_term_in_the_training_loss(corpus_dir, monkeypa
     assert sum(asked) == 20  # every training step computed it, with gradient
     assert after["val/loudness"] < before["val/loudness"] and math.isfinite(after["val/loudness"])
     with pytest.raises(ValueError, match="loudness_exponent > 0"):
-        CodecModule(TINY, loudness_exponent=0.0)
+        Losses(loudness_exponent=0.0)
     with pytest.raises(ValueError, match="loudness_weight must be >= 0"):
-        CodecModule(TINY, loudness_weight=-1.0)
+        Losses(loudness_weight=-1.0)
 
 
 def test_a_few_training_steps_lower_the_loss(corpus_dir):
     torch.manual_seed(0)
-    module = CodecModule(TINY, lr=3e-3, mel_n_ffts=(256, 1024))
+    module = CodecModule(TINY, losses=Losses(mel_n_ffts=[256, 1024]), optim=Optimization(lr=3e-3))
     trainer, before, after = _train_20_steps(module, corpus_dir)
     assert trainer.global_step == 20
     assert after["val/mel_distance"] < 0.8 * before["val/mel_distance"]
@@ -274,10 +275,10 @@ def test_an_interrupted_codec_run_resumes_exactly(tmp_path, corpus_dir):
 
 
 def test_adversarial_training_exports_the_discriminator(tmp_path, corpus_dir):
-    assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "3", "--model.adversarial", "true",
-                "--model.adversarial_start_step", "1", "--model.disc_filters", "4",
-                "--model.disc_n_ffts", "[256, 128]", "--model.disc_periods", "[2, 3]",
-                "--model.disc_period_filters", "4") == 0
+    assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "3", "--model.adversarial.enabled", "true",
+                "--model.adversarial.start_step", "1", "--model.adversarial.filters", "4",
+                "--model.adversarial.n_ffts", "[256, 128]", "--model.adversarial.periods", "[2, 3]",
+                "--model.adversarial.period_filters", "4") == 0
     run = tmp_path / "codec_tiny" / "version_0"
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     disc_steps = sorted(int(r["step"]) for r in rows if r.get("train/disc"))
@@ -293,7 +294,7 @@ def test_adversarial_training_exports_the_discriminator(tmp_path, corpus_dir):
 def test_train_codec_command_with_the_istft_decoder_and_mel_bands(tmp_path, corpus_dir):
     assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "2", "--model.codec.decoder", "istft",
                 "--model.codec.decoder_dim", "16", "--model.codec.decoder_layers", "1",
-                "--model.mel_max_mels", "[40, 160]", "--model.mel_n_ffts", "[256, 1024]") == 0
+                "--model.losses.mel_max_mels", "[40, 160]", "--model.losses.mel_n_ffts", "[256, 1024]") == 0
     codec = Codec.from_pretrained(tmp_path / "codec_tiny" / "version_0" / "pretrained")
     assert codec.config.decoder == "istft" and codec.decode(torch.zeros(1, 4, 3, dtype=torch.long)).shape == (1, 1, 960)
 
@@ -304,20 +305,20 @@ def test_train_codec_reports_bad_recipe_values(tmp_path, corpus_dir, capsys):
 
 
 def test_learning_rate_cooldown_schedule_and_resume_with_new_settings(tmp_path, corpus_dir):
-    module = CodecModule(TINY, lr=1e-3, lr_decay_start=10, lr_decay_steps=20, lr_min_ratio=0.1)
+    module = CodecModule(TINY, optim=Optimization(lr=1e-3, decay_start=10, decay_steps=20, min_lr_ratio=0.1))
     f = module.lr_factor
     assert f(0) == f(10) == 1.0
     assert abs(f(20) - 0.55) < 1e-9  # half way down the half cosine from 1 to 0.1
     assert abs(f(30) - 0.1) < 1e-9 and abs(f(1000) - 0.1) < 1e-9
-    assert CodecModule(TINY, lr_gamma=0.5).lr_factor(3) == 0.125
-    warm = CodecModule(TINY, lr_warmup_steps=4, lr_decay_start=10, lr_decay_steps=20).lr_factor
+    assert CodecModule(TINY, optim=Optimization(lr_gamma=0.5)).lr_factor(3) == 0.125
+    warm = CodecModule(TINY, optim=Optimization(warmup_steps=4, decay_start=10, decay_steps=20)).lr_factor
     assert [warm(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert abs(warm(20) - 0.55) < 1e-9  # the warm-up leaves the cool-down as it was
     # A run resumed with a cooldown follows it from its current step.
     assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "2") == 0
     last = tmp_path / "codec_tiny" / "version_0" / "checkpoints" / "last.ckpt"
     assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "4", "--ckpt_path", str(last),
-                "--model.lr_decay_start", "2", "--model.lr_decay_steps", "2", "--model.lr_min_ratio", "0.1") == 0
+                "--model.optim.decay_start", "2", "--model.optim.decay_steps", "2", "--model.optim.min_lr_ratio", "0.1") == 0
     rows = list(csv.DictReader(open(tmp_path / "codec_tiny" / "version_1" / "metrics.csv")))
     lrs = {int(r["step"]): float(r["train/lr"]) for r in rows if r.get("train/lr")}
     base = float(next(r["train/lr"] for r in csv.DictReader(open(tmp_path / "codec_tiny" / "version_0" / "metrics.csv"))
@@ -334,7 +335,7 @@ def test_schedules_of_checkpoints_written_with_an_exponential_lr_still_load():
     for _ in range(5):
         opt.step()
         old.step()
-    module = CodecModule(TINY, lr=1e-3, lr_decay_start=0, lr_decay_steps=10)
+    module = CodecModule(TINY, optim=Optimization(lr=1e-3, decay_start=0, decay_steps=10))
     new = StepScheduleLR(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3), module.lr_factor)
     new.load_state_dict(old.state_dict())
     assert new.last_epoch == 5 and "gamma" not in new.__dict__
@@ -378,7 +379,7 @@ def test_init_from_a_narrower_seanet_encoder_grows_it_as_the_same_function(tmp_p
     saved = Codec(TINY).eval().save_pretrained(tmp_path / "narrow")
     start = Codec.from_pretrained(saved)
     wide = {**TINY.to_dict(), "encoder_channels": 2 * TINY.encoder_channels}
-    module = CodecModule(wide, init_from=str(saved), lr=1e-2)
+    module = CodecModule(wide, init_from=str(saved), optim=Optimization(lr=1e-2))
     grown = module.codec.eval()
     assert sum(p.numel() for p in grown.encoder.parameters()) > 2 * sum(p.numel() for p in start.encoder.parameters())
     wav = torch.randn(2, 1, 6400) * 0.1
@@ -432,8 +433,8 @@ def test_decoder_only_fine_tune_keeps_the_tokens(tmp_path, corpus_dir):
     saved = tmp_path / "a" / "codec_tiny" / "version_0" / "pretrained"
     start = Codec.from_pretrained(saved)
     assert _run(tmp_path / "b", corpus_dir, "--trainer.max_steps", "3", "--model.init_from", str(saved),
-                "--model.train_decoder_only", "true", "--model.adversarial", "true", "--model.disc_filters", "4",
-                "--model.lr", "1e-2", "--model.phase_weight", "1.0") == 0
+                "--model.train_decoder_only", "true", "--model.adversarial.enabled", "true",
+                "--model.adversarial.filters", "4", "--model.optim.lr", "1e-2", "--model.losses.phase_weight", "1.0") == 0
     rows = list(csv.DictReader(open(tmp_path / "b" / "codec_tiny" / "version_0" / "metrics.csv")))
     assert [r for r in rows if r.get("train/phase")] and [r for r in rows if r.get("val/phase")]
     tuned = Codec.from_pretrained(tmp_path / "b" / "codec_tiny" / "version_0" / "pretrained")
@@ -453,17 +454,17 @@ def test_phase_loss_on_the_predicted_spectrum(tmp_path, corpus_dir):
     decoder or resolution it cannot apply to."""
     config = CodecConfig(**{**TINY.to_dict(), "decoder": "istft", "decoder_dim": 16, "decoder_layers": 1,
                             "istft_phase": "angle_vector"})
-    module = CodecModule(config, phase_weight=1.0, phase_on="spectrum", mel_n_ffts=(256, 1024), mel_max_mels=(40, 160))
+    module = CodecModule(config, losses=Losses(phase_weight=1.0, phase_on="spectrum", mel_n_ffts=[256, 1024], mel_max_mels=[40, 160]))
     trainer, before, after = _train_20_steps(module, corpus_dir)
     assert "val/phase_spectrum" in after and math.isfinite(after["val/phase_spectrum"])
     with pytest.raises(ValueError, match="needs the iSTFT decoder"):
-        CodecModule(TINY, phase_weight=1.0, phase_on="spectrum")
+        CodecModule(TINY, losses=Losses(phase_weight=1.0, phase_on="spectrum"))
     with pytest.raises(ValueError, match="phase_n_fft = its istft_n_fft \\(320\\)"):
-        CodecModule(config, phase_weight=1.0, phase_on="spectrum", phase_n_fft=512)
+        CodecModule(config, losses=Losses(phase_weight=1.0, phase_on="spectrum", phase_n_fft=512))
     # A decoder with a longer window needs the phase loss at that window.
     long_window = CodecConfig(**{**config.to_dict(), "istft_n_fft": 640})
     with pytest.raises(ValueError, match="phase_n_fft = its istft_n_fft \\(640\\)"):
-        CodecModule(long_window, phase_weight=1.0, phase_on="spectrum", phase_n_fft=320)
-    CodecModule(long_window, phase_weight=1.0, phase_on="spectrum", phase_n_fft=640)
+        CodecModule(long_window, losses=Losses(phase_weight=1.0, phase_on="spectrum", phase_n_fft=320))
+    CodecModule(long_window, losses=Losses(phase_weight=1.0, phase_on="spectrum", phase_n_fft=640))
     with pytest.raises(ValueError, match="phase_on must be"):
-        CodecModule(config, phase_on="both")
+        Losses(phase_on="both")

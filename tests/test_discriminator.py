@@ -1,4 +1,4 @@
-"""The codec's discriminators: the period fold, settings, and files saved before periods existed."""
+"""The codec's discriminators: the period fold, settings, and their files."""
 
 from __future__ import annotations
 
@@ -48,16 +48,14 @@ def test_codec_discriminator_holds_stft_scales_then_periods_and_saves_both(tmp_p
         CodecDiscriminator((), periods=())
 
 
-def test_a_discriminator_file_from_before_periods_loads_as_stft_scales_only(tmp_path):
-    """Files written when the discriminator was STFT-only have no `periods` in their settings and
-    the same tensor names for their scales."""
-    torch.manual_seed(0)
-    stft_only = CodecDiscriminator((256, 128), filters=4)
-    old_config = {k: v for k, v in stft_only.config.items() if k not in ("periods", "period_filters")}
-    path = tmp_path / "old.safetensors"
-    save_file({k: v.contiguous() for k, v in stft_only.state_dict().items()}, str(path),
-              metadata={"config": json.dumps(old_config)})
-    back = load_discriminator(path)
-    assert back.config["periods"] == [] and len(back.discriminators) == 2
-    x = torch.randn(1, 1, 2000)
-    assert all(torch.equal(a, b) for a, b in zip(back(x)[0], stft_only(x)[0]))
+def test_a_discriminator_file_without_all_its_settings_is_refused(tmp_path):
+    """A file's metadata must name every constructor setting: none is filled in from defaults."""
+    disc = CodecDiscriminator((256, 128), filters=4)
+    partial = {k: v for k, v in disc.config.items() if k not in ("periods", "period_filters")}
+    path = tmp_path / "partial.safetensors"
+    save_file({k: v.contiguous() for k, v in disc.state_dict().items()}, str(path),
+              metadata={"config": json.dumps(partial)})
+    with pytest.raises(ValueError, match="discriminator settings .* expected .*periods"):
+        load_discriminator(path)
+    with pytest.raises(FileNotFoundError, match="no discriminator weights"):
+        load_discriminator(tmp_path / "missing.safetensors")

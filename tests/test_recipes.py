@@ -1,32 +1,100 @@
-"""Every recipe in recipes/ parses with the CLI it is written for: no unknown key, no wrong type
-(a recipe is code a user runs; a renamed option must not leave one broken)."""
+"""Every recipe parses with the CLI it is written for, layered as its header (and, for the shipped
+models' stages, scripts/train_shipped_models.sh) layers it: no unknown key, no wrong type. Headers
+stay short, recipes/ holds only what a user runs, and default data paths name the folders that
+`rvqlm corpus prepare` and `make demo` write."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rvqlm.cli import main
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+SCRIPT = REPO / "scripts" / "train_shipped_models.sh"
 COMMANDS = {"codec": "train-codec", "lm": "train-lm"}
+USER_RECIPES = {"codec_tiny.yaml", "lm_tiny.yaml", "lm_demo.yaml", "codec_speech.yaml"}  # + the shipped stages
+COMMAND = re.compile(r"(?:rvqlm|\$RVQLM) (train-codec|train-lm)((?:\s+--config\s+\S+)+)")
 
 
 def _recipes() -> list[Path]:
-    found = sorted(RECIPES.glob("*.yaml"))
+    found = sorted(RECIPES.glob("*.yaml")) + sorted((RECIPES / "experiments").glob("*.yaml"))
     assert found, f"no recipes under {RECIPES}"
     return found
 
 
-@pytest.mark.parametrize("recipe", _recipes(), ids=lambda p: p.name)
-def test_recipe_parses(recipe, capsys):
-    command = COMMANDS.get(recipe.name.split("_")[0])
-    assert command, f"{recipe.name}: name it codec_*.yaml or lm_*.yaml so its command is known"
+def _header(recipe: Path) -> list[str]:
+    lines = recipe.read_text().splitlines()
+    return lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))]
+
+
+def _stacks(text: str) -> list[tuple[str, list[str]]]:
+    """(command, [recipe, ...]) of every `rvqlm train-* --config A --config B ...` in `text`."""
+    joined = re.sub(r"\\\n[#\s]*", " ", text)
+    return [(m.group(1), re.findall(r"--config\s+(\S+)", m.group(2))) for m in COMMAND.finditer(joined)]
+
+
+def _print_config(command: str, recipes: list[str], capsys) -> dict:
+    args = [command]
+    for recipe in recipes:
+        args += ["--config", str(REPO / recipe)]
     with pytest.raises(SystemExit) as exit_info:
-        main([command, "--config", str(recipe), "--print_config"])
-    assert exit_info.value.code in (0, None), capsys.readouterr().err
-    assert "model:" in capsys.readouterr().out
+        main(args + ["--print_config"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code in (0, None), err
+    return yaml.safe_load(out)
+
+
+@pytest.fixture(scope="module")
+def shipped_tokens_dir() -> str:
+    """data/tokens/<corpus>-<token fingerprint[:12]>: where `make demo` tokenizes the corpus with the
+    shipped codec (rvqlm/demo.py)."""
+    from codec import Codec
+    from rvqlm.demo import SHIPPED_CODEC, DemoSettings
+
+    corpus = DemoSettings().corpus_dir.relative_to(REPO)
+    return str(Path("data") / "tokens" / f"{corpus.name}-{Codec.from_pretrained(SHIPPED_CODEC).token_fingerprint()[:12]}")
+
+
+@pytest.mark.parametrize("recipe", _recipes(), ids=lambda p: str(p.relative_to(RECIPES)))
+def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir):
+    header = _header(recipe)
+    assert 1 <= len(header) <= 3, f"{recipe.name}: a header of at most three lines, not {len(header)}"
+    stacks = _stacks("\n".join(header))
+    assert len(stacks) == 1, f"{recipe.name}: its header should show the one command that runs it"
+    command, layers = stacks[0]
+    assert command == COMMANDS.get(recipe.name.split("_")[0]), f"{recipe.name}: codec_*.yaml or lm_*.yaml"
+    assert layers[-1] == str(recipe.relative_to(REPO)), f"{recipe.name}: its header runs {layers[-1]}"
+    config = _print_config(command, layers, capsys)
+    data = config["data"]
+    if command == "train-lm":
+        assert data["tokens_dir"] == shipped_tokens_dir, "the token folder `make demo` writes"
+    elif data.get("train_dir") is None:
+        assert data["corpus_dir"] == "data/fillets-cs-16k", "the folder `rvqlm corpus prepare` writes"
+
+
+def test_the_shipped_models_stages_parse_as_the_script_layers_them(capsys):
+    stacks = _stacks(SCRIPT.read_text())
+    assert [layers[-1] for command, layers in stacks if command == "train-codec"] == [
+        f"recipes/codec_speech_{stage}.yaml" for stage in
+        ("istft", "long_window", "long_window_joint", "long_window_joint", "cycle", "speed", "loudness_decoder",
+         "loudness_cycle")]
+    for command, layers in stacks:
+        assert _print_config(command, layers, capsys)["model"]
+
+
+def test_recipes_holds_only_what_a_user_runs():
+    """The tiny recipes, the GPU-sized codec and the shipped models' stages; runs that were not kept
+    live in recipes/experiments/ (their story in docs/experiments.md)."""
+    staged = {Path(layer).name for _, layers in _stacks(SCRIPT.read_text()) for layer in layers}
+    assert {p.name for p in RECIPES.glob("*.yaml")} == USER_RECIPES | staged
+    notebook = (REPO / "docs" / "experiments.md").read_text()
+    for recipe in (RECIPES / "experiments").glob("*.yaml"):
+        assert f"recipes/experiments/{recipe.name}" in notebook, f"docs/experiments.md does not tell {recipe.name}"
 
 
 def test_a_broken_recipe_is_refused(tmp_path, capsys):
@@ -36,3 +104,11 @@ def test_a_broken_recipe_is_refused(tmp_path, capsys):
         main(["train-codec", "--config", str(bad), "--print_config"])
     assert exit_info.value.code not in (0, None)
     assert "no_such_option" in capsys.readouterr().err
+
+
+def test_a_bad_setting_is_refused_with_its_own_line(tmp_path, capsys):
+    code = main(["train-codec", "--config", str(RECIPES / "codec_tiny.yaml"), "--model.losses.loudness_weight", "-1",
+                 "--trainer.default_root_dir", str(tmp_path), "--data.corpus_dir", str(tmp_path / "none")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith("rvqlm train-codec: error: loudness_weight must be >= 0")
