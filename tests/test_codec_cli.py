@@ -118,7 +118,7 @@ def test_export_codec_from_a_lightning_checkpoint(tmp_path, speech_files):
     from rvqlm.cli import main
 
     module = CodecModule(codec={"encoder_channels": 4, "decoder_channels": 4, "latent_dim": 8, "n_codebooks": 2,
-                                "codebook_size": 16, "dilations": [1]}, mel_n_ffts=[256])
+                                "codebook_size": 16, "dilations": [1]}, losses={"mel_n_ffts": [256]})
     data = CodecDataModule(corpus_dir=str(speech_files["train"][0].parents[2]), crop_seconds=0.2, batch_size=2,
                            max_train_files=4, max_valid_files=1)
     trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
