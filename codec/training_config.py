@@ -118,8 +118,8 @@ def as_settings(cls: type[T], value: Any) -> T:
         return value
     if value is None:
         return cls()
-    if not isinstance(value, dict):
-        raise TypeError(f"expected {cls.__name__} or a dict of its fields, got {type(value).__name__}")
+    if not isinstance(value, dict):  # e.g. a checkpoint written before the settings were grouped
+        raise ValueError(f"expected {cls.__name__} settings (a dict of its fields), got {value!r}")
     unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
         raise ValueError(f"unknown {cls.__name__} settings: {', '.join(unknown)}")

@@ -1,17 +1,14 @@
 #!/usr/bin/env bash
-# Retrains the two shipped models (models/codec-speech-16k, models/lm-speech-16k) with the recipes
-# their model cards name, on the built-in corpus, on this machine's CPU. Hours on 2 cores.
-#   CODEC_STEPS  base codec steps, recipes/codec_speech_istft.yaml (the shipped codec: 17000)
-#   CODEC_STEPS2 stage 2, the 40 ms-window decoder on the base tokens (codec_speech_long_window.yaml: 2500)
-#   CODEC_STEPS3 stage 3, the whole codec (codec_speech_long_window_joint.yaml: 5000; 0: stop after
-#                the base codec and ship it, as before 2026-11-30); then the same run resumed for a
-#                second lr cycle to step 9000 (cool-down 7500-9000), stage 4, one more cycle from
-#                there (codec_speech_cycle.yaml, 6000 steps), stage 5, a cycle on speed-perturbed
-#                crops from stage 4's float16 export (codec_speech_speed.yaml, 5000 steps), and
-#                stage 6, stage 5's decoder alone with a loudness-scale loss, from its float16
-#                export (codec_speech_loudness_decoder.yaml, 3000 steps; tokens kept), and stage 7,
-#                a whole-codec cycle with that loss from stage 6's float16 export
-#                (codec_speech_loudness_cycle.yaml, 4000 steps; new tokens)
+# Retrains the two shipped models (models/codec-speech-16k, models/lm-speech-16k) with their recipes,
+# on the built-in corpus, on this machine's CPU: hours on 2 cores. The codec's seven stages
+# (docs/experiments.md), each from the previous one's export:
+#   CODEC_STEPS  stage 1, recipes/codec_speech_istft.yaml (the shipped codec: 17000)
+#   CODEC_STEPS2 stage 2, a 40 ms-window decoder on stage 1's tokens (codec_speech_long_window.yaml: 2500)
+#   CODEC_STEPS3 stage 3, the whole codec (codec_speech_long_window_joint.yaml: 5000, then resumed for a
+#                second lr cycle to step 9000; 0: stop after stage 1 and ship it); stages 4-7 follow,
+#                layered over stage 3's recipe: codec_speech_cycle.yaml (6000 steps),
+#                codec_speech_speed.yaml (5000), codec_speech_loudness_decoder.yaml (3000, tokens kept),
+#                codec_speech_loudness_cycle.yaml (4000, new tokens)
 #   LM_STEPS     LM stage-1 steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
 #   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; the shipped LM:
 #                300; 0: none)

@@ -468,3 +468,27 @@ def test_phase_loss_on_the_predicted_spectrum(tmp_path, corpus_dir):
     CodecModule(long_window, losses=Losses(phase_weight=1.0, phase_on="spectrum", phase_n_fft=640))
     with pytest.raises(ValueError, match="phase_on must be"):
         Losses(phase_on="both")
+
+
+def test_training_settings_check_their_values_and_read_back_from_checkpoints():
+    """Each group refuses bad values in one line; a module's hparams hold each group as a plain dict
+    that builds the same settings again (as export_checkpoint does)."""
+    from codec.training_config import Adversarial, as_settings
+
+    with pytest.raises(ValueError, match="at least one STFT scale"):
+        Adversarial(enabled=True, n_ffts=[], periods=[])
+    with pytest.raises(ValueError, match="betas must be two numbers"):
+        Optimization(betas=[0.9])
+    with pytest.raises(ValueError, match="decay_steps >= 1"):
+        Optimization(decay_steps=0)
+    with pytest.raises(ValueError, match="unknown Losses settings: lr"):
+        as_settings(Losses, {"lr": 1e-3})
+    with pytest.raises(ValueError, match="expected Adversarial settings"):
+        as_settings(Adversarial, True)
+    module = CodecModule(TINY, losses=Losses(mel_n_ffts=(256, 1024), loudness_weight=2.0),
+                         adversarial=Adversarial(enabled=True, filters=4, periods=(2,)), optim=Optimization(lr=1e-3))
+    hp = module.hparams
+    assert hp["losses"]["mel_n_ffts"] == [256, 1024] and hp["adversarial"]["periods"] == [2]
+    again = CodecModule(hp["codec"], losses=hp["losses"], adversarial=hp["adversarial"], optim=hp["optim"])
+    assert (again.losses, again.adversarial, again.optim) == (module.losses, module.adversarial, module.optim)
+    assert len(again.discriminator.discriminators) == 4
