@@ -17,8 +17,8 @@ distance, SI-SDR, STOI, PESQ; the files `benchmarks/codec_quality.py` picks):
     true below 4 kHz + ours above    the other way round: which band costs the quality
 
 If "ours magnitude + true phase" is far above "ours", the phases are what costs quality (the
-adversarial phase of `recipes/experiments/codec_speech_gan_decoder.yaml` aims at them); if "true magnitude +
-ours phase" is far above "ours", the magnitudes are. The last row tells whether the decoder's
+adversarial phase of `recipes/experiments/codec_speech_gan_decoder.yaml` aims at them); if "true
+magnitude + ours phase" is far above "ours", the magnitudes are. The last row tells whether the decoder's
 magnitudes are consistent (a real STFT could have them): if Griffin-Lim makes them worse while it
 makes the true magnitudes nearly perfect, they are not.
 """
