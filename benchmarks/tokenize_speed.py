@@ -99,7 +99,8 @@ def main() -> None:
     if args.threads is None:
         args.threads = max(1, (os.cpu_count() or 1) - args.workers)
 
-    from codec.model import Codec, CodecConfig
+    from codec.config import CodecConfig
+    from codec.model import Codec
     from rvqlm.corpus import prepare_corpus
 
     load_before = os.getloadavg()[0]

@@ -1,4 +1,4 @@
-"""rvqlm's neural audio codec: SEANet encoder, residual vector quantizer, SEANet decoder.
+"""rvqlm's neural audio codec: encoder, residual vector quantizer, decoder.
 
     from codec import Codec, CodecConfig
     codec = Codec.from_pretrained("runs/codec/pretrained")
@@ -14,10 +14,14 @@ __all__ = ["Codec", "CodecConfig", "read_rvq", "write_rvq"]
 
 
 def __getattr__(name: str):
-    if name in ("Codec", "CodecConfig"):
-        from codec import model
+    if name == "Codec":
+        from codec.model import Codec
 
-        return getattr(model, name)
+        return Codec
+    if name == "CodecConfig":
+        from codec.config import CodecConfig
+
+        return CodecConfig
     if name in ("read_rvq", "write_rvq"):
         from codec import rvq_file
 

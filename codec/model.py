@@ -1,189 +1,43 @@
-"""The codec: SEANet encoder -> residual vector quantizer -> SEANet decoder.
+"""The codec: encoder -> residual vector quantizer -> decoder.
 
     codes = codec.encode(wav)    # wav [B, C, S] at codec.sample_rate -> LongTensor [B, N_c, ceil(S / hop)]
     wav = codec.decode(codes)    # codes [B, k, T], 1 <= k <= N_c   -> [B, C, T * hop]
 
-A saved codec is a folder holding `config.json` (the `CodecConfig` fields) and
-`model.safetensors` (every parameter and buffer, quantizer EMA statistics included), optionally
-`discriminator.safetensors` for adversarial fine-tuning. Nothing is ever unpickled. The decoder's
-tensors may be stored in half precision (`save_pretrained(..., decoder_dtype="float16")`, which the
-shipped codec uses: 97 % of its bytes are the decoder's); they load back as float32, and the
-encoder and quantizer, which make the tokens, are always stored exactly.
-`codec.fingerprint()` is a sha256 of the config and all weights; `codec.token_fingerprint()` covers
-only what makes and means the tokens (encoder, quantizer, their settings). Files of tokens (`.rvq`
-files, token shards, language models) record the token fingerprint, so they are never decoded with
-another codec's decoder, yet stay valid when only the decoder was fine-tuned.
+A saved codec is a folder (`rvqlm_core.persistence`): `config.json` (the `CodecConfig` fields),
+`model.safetensors` (every parameter and buffer, quantizer EMA statistics included; the decoder's
+tensors optionally in half precision) and optionally `discriminator.safetensors`.
+`fingerprint()` is a sha256 of the settings and all weights; `token_fingerprint()` covers only what
+makes and means the tokens (encoder, quantizer, their settings), which files of tokens record.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import math
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.utils import parametrize
 
+from codec.config import DECODER_SETTINGS, CodecConfig, bitrate_kbps
 from codec.discriminator import save_discriminator
 from codec.istft_decoder import ISTFTDecoder
-from codec.stft_encoder import STFTEncoder
 from codec.modules import SEANetDecoder, SEANetEncoder
 from codec.quantizer import QuantizerOutput, ResidualVectorQuantizer
-from rvqlm_core.atomic import refuse_foreign_folder, usual_permissions
-from rvqlm_core.weight_dtype import loads_as, storage_dtype
+from codec.stft_encoder import STFTEncoder
+from rvqlm_core.persistence import (CONFIG_FILE, WEIGHTS_FILE, FolderFormat, cpu_state, load_state, read_folder,
+                                    save_folder, stored_state)
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 DISCRIMINATOR_NAME = "discriminator.safetensors"
-FORMAT_NAME = "rvqlm-codec"
-FORMAT_VERSION = 1
-ENCODERS = ("seanet", "stft")
-DECODERS = ("seanet", "istft")
-ISTFT_ONLY_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop", "istft_n_fft")
-STFT_ONLY_SETTINGS = ("encoder", "encoder_dim", "encoder_layers", "encoder_hop")
-# Settings that only shape the decoder: they do not enter the token fingerprint.
-DECODER_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop", "istft_n_fft", "istft_phase",
-                    "decoder_channels")
-ISTFT_PHASES = ("angle", "angle_vector")
+FOLDER_FORMAT = FolderFormat("codec", "format", "rvqlm-codec", 1, extra_files=(DISCRIMINATOR_NAME,))
 
 
-@dataclass(frozen=True)
-class CodecConfig:
-    """Architecture and quantizer settings. The defaults are the project's default codec.
-
-    16 kHz mono, hop 320 (strides 4*4*5*4) -> 50 frames/s; 8 codebooks of 1024 -> 4 kbps.
-    The encoder is deliberately light (8 base channels and no residual units at the full sample
-    rate, where tiny convolutions dominate CPU time: it must tokenize >= 100x real time on a 2-core
-    CPU; a first stride of 4 quarters the rate of the next level) and the decoder heavier
-    (32 base channels), as SoundStream found that decoder capacity matters more. `causal` puts all
-    padding on the left in encoder and decoder: a prefix encodes to the same first frames as the
-    whole file, so prompts and streaming chunks get exactly the tokens the full file would.
-    `dead_code_threshold` is an EMA count of assignments per step: a CPU batch of ~200-400 frames
-    gives each of 1024 codes ~0.2-0.4 on average, so EnCodec's 2.0 (made for ~5000 frames a step)
-    would call every code dead and re-seed the codebooks at every step; 0.02 flags codes used
-    about 10x less than uniform usage. `quantizer_dropout` 0.5: half the examples train a random
-    bitrate, half the full one (DAC found dropping on every example costs full-bitrate quality).
-    `istft_phase` chooses how the iSTFT decoder emits phases (codec/istft_decoder.py): "angle",
-    or "angle_vector" (an angle turned by a predicted 2-D vector's direction). `istft_n_fft` is the
-    iSTFT decoder's window and FFT size (None: 4 * istft_hop, 20 ms at the defaults). A longer window
-    resolves pitch harmonics in the predicted magnitudes (640 at 16 kHz: 40 ms, 25 Hz bins) at the
-    cost of look-ahead (istft_n_fft / 2 samples).
-    """
-
-    sample_rate: int = 16000
-    channels: int = 1
-    strides: tuple[int, ...] = (4, 4, 5, 4)
-    encoder_channels: int = 8
-    decoder_channels: int = 32
-    encoder_full_rate_residuals: bool = False
-    latent_dim: int = 64
-    dilations: tuple[int, ...] = (1, 3, 9)
-    kernel_size: int = 7
-    residual_kernel_size: int = 3
-    last_kernel_size: int = 7
-    compress: int = 2
-    causal: bool = True
-    n_codebooks: int = 8
-    codebook_size: int = 1024
-    ema_decay: float = 0.99
-    kmeans_init: bool = True
-    kmeans_iters: int = 10
-    dead_code_threshold: float = 0.02
-    quantizer_dropout: float = 0.5
-    commitment_weight: float = 1.0
-    encoder: str = "seanet"
-    encoder_dim: int = 256
-    encoder_layers: int = 6
-    encoder_hop: int = 80
-    decoder: str = "seanet"
-    decoder_dim: int = 384
-    decoder_layers: int = 8
-    istft_hop: int = 80
-    istft_n_fft: int | None = None
-    istft_phase: str = "angle"
-
-    def __post_init__(self) -> None:
-        # Accept lists (JSON, YAML) for the tuple fields, and keep the dataclass hashable.
-        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
-        object.__setattr__(self, "dilations", tuple(int(d) for d in self.dilations))
-        positive = ("sample_rate", "channels", "encoder_channels", "decoder_channels", "latent_dim", "kernel_size",
-                    "residual_kernel_size", "last_kernel_size", "compress", "n_codebooks", "codebook_size",
-                    "decoder_dim", "decoder_layers", "istft_hop", "encoder_dim", "encoder_layers", "encoder_hop")
-        for name in positive:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"CodecConfig.{name} must be a positive integer, got {value!r}")
-        if not self.strides or any(s < 1 for s in self.strides):
-            raise ValueError(f"CodecConfig.strides must be positive integers, got {self.strides}")
-        if any(d < 1 for d in self.dilations):
-            raise ValueError(f"CodecConfig.dilations must be positive integers, got {self.dilations}")
-        if self.codebook_size < 2:
-            raise ValueError(f"CodecConfig.codebook_size must be >= 2, got {self.codebook_size}")
-        if self.encoder not in ENCODERS:
-            raise ValueError(f"CodecConfig.encoder must be one of {ENCODERS}, got {self.encoder!r}")
-        if self.encoder == "stft" and self.hop_length % self.encoder_hop:
-            raise ValueError(f"CodecConfig.encoder_hop {self.encoder_hop} must divide hop_length {self.hop_length}")
-        if self.decoder not in DECODERS:
-            raise ValueError(f"CodecConfig.decoder must be one of {DECODERS}, got {self.decoder!r}")
-        if self.istft_phase not in ISTFT_PHASES:
-            raise ValueError(f"CodecConfig.istft_phase must be one of {ISTFT_PHASES}, got {self.istft_phase!r}")
-        if self.decoder == "istft" and self.hop_length % self.istft_hop:
-            raise ValueError(f"CodecConfig.istft_hop {self.istft_hop} must divide hop_length {self.hop_length}")
-        n_fft = self.istft_n_fft
-        if n_fft is not None and (isinstance(n_fft, bool) or not isinstance(n_fft, int) or n_fft < 2 * self.istft_hop
-                                  or n_fft % 2):
-            raise ValueError(f"CodecConfig.istft_n_fft must be None or an even integer >= 2 * istft_hop "
-                             f"({2 * self.istft_hop}), got {n_fft!r}")
-        if self.sample_rate % self.hop_length:
-            raise ValueError(f"sample_rate {self.sample_rate} is not a multiple of hop_length {self.hop_length}; "
-                             "frame_rate would not be an integer")
-
-    @property
-    def hop_length(self) -> int:
-        return math.prod(self.strides)
-
-    @property
-    def istft_window(self) -> int:
-        """The iSTFT decoder's n_fft: `istft_n_fft`, or 4 * istft_hop when unset."""
-        return self.istft_n_fft or 4 * self.istft_hop
-
-    @property
-    def frame_rate(self) -> int:
-        return self.sample_rate // self.hop_length
-
-    @property
-    def bitrate_kbps(self) -> float:
-        """Bitrate with all N_c codebooks, counting ceil(log2 |V|) bits per code."""
-        return self.n_codebooks * math.ceil(math.log2(self.codebook_size)) * self.frame_rate / 1000
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["strides"], d["dilations"] = list(self.strides), list(self.dilations)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], *, source: str = "config") -> "CodecConfig":
-        """Build from a dict, refusing unknown keys by name (a typo must not silently become a default)."""
-        if not isinstance(d, dict):
-            raise ValueError(f"{source}: expected a JSON object of codec settings, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"{source}: unknown codec config keys {unknown}; known keys: {sorted(known)}")
-        try:
-            return cls(**d)
-        except TypeError as e:
-            raise ValueError(f"{source}: invalid codec config ({e})") from None
+def _is_decoder(name: str) -> bool:
+    return name.startswith("decoder.")
 
 
 @dataclass
@@ -281,8 +135,8 @@ class Codec(nn.Module):
         return hi - lo + 1
 
     def bitrate_kbps(self, n_q: float | None = None) -> float:
-        n_q = self.n_codebooks if n_q is None else n_q
-        return n_q * math.ceil(math.log2(self.codebook_size)) * self.frame_rate / 1000
+        """Bitrate with n_q (default N_c) codebooks; n_q may be a mean over examples."""
+        return bitrate_kbps(self.frame_rate, self.n_codebooks if n_q is None else n_q, self.codebook_size)
 
     # ------------------------------------------------------------------ training path
 
@@ -348,24 +202,7 @@ class Codec(nn.Module):
         if not torch.isfinite(wav).all():
             raise ValueError("waveform contains NaN or infinite samples")
 
-    # ------------------------------------------------------------------ persistence
-
-    def _settings_for_fingerprint(self) -> dict[str, Any]:
-        settings = self.config.to_dict()
-        if settings["decoder"] == "seanet":
-            # Codecs saved before the iSTFT decoder existed keep their fingerprints (tokens, LMs and
-            # .rvq files record it): the iSTFT settings do not exist for a SEANet decoder.
-            for key in ISTFT_ONLY_SETTINGS:
-                settings.pop(key)
-        if settings["encoder"] == "seanet":
-            # Likewise for codecs saved before the STFT encoder existed.
-            for key in STFT_ONLY_SETTINGS:
-                settings.pop(key)
-        if settings.get("istft_phase") == "angle":
-            settings.pop("istft_phase")  # and before the phase options existed
-        if settings.get("istft_n_fft", 0) is None:
-            settings.pop("istft_n_fft")  # and before the window size was a setting
-        return settings
+    # ------------------------------------------------------------------ fingerprints and persistence
 
     @staticmethod
     def _hash(settings: dict[str, Any], state: dict[str, torch.Tensor]) -> str:
@@ -378,127 +215,44 @@ class Codec(nn.Module):
         return h.hexdigest()
 
     def fingerprint(self) -> str:
-        """sha256 hex of the config JSON and every tensor of the state_dict (name, dtype, shape, bytes):
-        this exact codec, decoder included."""
-        return self._hash(self._settings_for_fingerprint(), self.state_dict())
+        """sha256 hex of the settings that shape this codec (`CodecConfig.shaping_settings`) and every
+        tensor of the state_dict (name, dtype, shape, bytes): this exact codec, decoder included."""
+        return self._hash(self.config.shaping_settings(), self.state_dict())
 
     def token_fingerprint(self) -> str:
-        """sha256 hex of what decides the token ids and what they mean: the settings except the
-        decoder's, and the encoder and quantizer tensors (codebooks and their statistics).
-
-        Files of tokens (`.rvq`, token shards, language models) record it: a codec whose decoder was
-        fine-tuned (`train-codec --model.train_decoder_only true`) has a new `fingerprint` but the same
-        `token_fingerprint`, so it decodes and generates with them. Files written before this existed
-        hold the full fingerprint; `accepts_tokens` takes either.
-        """
-        settings = {k: v for k, v in self._settings_for_fingerprint().items() if k not in DECODER_SETTINGS}
-        state = {k: v for k, v in self.state_dict().items() if not k.startswith("decoder.")}
+        """sha256 hex of what decides the token ids and what they mean: the shaping settings except the
+        decoder's, and the encoder and quantizer tensors. A decoder-only fine-tune keeps it."""
+        settings = {k: v for k, v in self.config.shaping_settings().items() if k not in DECODER_SETTINGS}
+        state = {k: v for k, v in self.state_dict().items() if not _is_decoder(k)}
         return self._hash(settings, state)
 
     def accepts_tokens(self, fingerprint: str | None) -> bool:
-        """Whether tokens recorded with `fingerprint` are this codec's: its token fingerprint, or (files
-        written before token fingerprints existed) its full fingerprint."""
-        # The full fingerprint hashes every decoder weight too: computed only when the token one fails.
-        return fingerprint is not None and (fingerprint == self.token_fingerprint() or fingerprint == self.fingerprint())
+        """Whether tokens recorded with `fingerprint` (a `.rvq` header, a token folder, an LM's config)
+        are this codec's: it is this codec's token fingerprint."""
+        return fingerprint is not None and fingerprint == self.token_fingerprint()
 
     def save_pretrained(self, path: str | os.PathLike, discriminator: nn.Module | None = None,
                         decoder_dtype: torch.dtype | str | None = None) -> Path:
-        """Write `config.json` + `model.safetensors` (+ `discriminator.safetensors`) to folder `path`.
-
-        Atomic: everything is written to a temporary sibling folder that is then renamed into
-        place, so `path` never holds a half-written codec. An existing `path` is replaced only if it
-        holds nothing but a saved codec's files.
+        """Write the codec (and `discriminator`, if given) to folder `path`, atomically
+        (`rvqlm_core.persistence.save_folder`).
 
         decoder_dtype: store the decoder's floating-point tensors as "float16" or "bfloat16" (None /
-        "float32": exactly). Half the file; `from_pretrained` loads them back as float32, so the
-        loaded codec decodes within rounding of this one. Tokens are unaffected: the encoder and the
-        quantizer are stored exactly, so `token_fingerprint()` is the same before and after. The
-        file's `fingerprint` metadata is that of the codec as it will load.
+        "float32": exactly); they load back as float32. The encoder and quantizer are always stored
+        exactly, so `token_fingerprint()` is unchanged. The weights' `fingerprint` metadata is that
+        of the codec as it will load.
         """
-        dtype = storage_dtype(decoder_dtype, "decoder_dtype")
-        dest = Path(path)
-        refuse_foreign_folder(dest, (CONFIG_NAME, WEIGHTS_NAME, DISCRIMINATOR_NAME), "a saved codec")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-        try:
-            config = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **self.config.to_dict()}
-            (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-            state = _cpu_state(self)
-            stored = {k: v.to(dtype) if k.startswith("decoder.") and v.is_floating_point() else v
-                      for k, v in state.items()}
-            as_loaded = {k: v.to(state[k].dtype) for k, v in stored.items()}
-            fingerprint = self._hash(self._settings_for_fingerprint(), as_loaded)
-            save_file(stored, str(tmp / WEIGHTS_NAME), metadata={"fingerprint": fingerprint})
-            if discriminator is not None:
-                save_discriminator(discriminator, tmp / DISCRIMINATOR_NAME)
-            usual_permissions(tmp)
-            old = None
-            if dest.exists():
-                old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-                os.replace(dest, old)
-            os.replace(tmp, dest)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return dest
+        state = cpu_state(self)
+        stored = stored_state(state, decoder_dtype, "decoder_dtype", which=_is_decoder)
+        as_loaded = {k: v.to(state[k].dtype) for k, v in stored.items()}
+        fingerprint = self._hash(self.config.shaping_settings(), as_loaded)
+        extra = {DISCRIMINATOR_NAME: lambda p: save_discriminator(discriminator, p)} if discriminator is not None else {}
+        return save_folder(path, FOLDER_FORMAT, self.config.to_dict(), stored,
+                           metadata={"fingerprint": fingerprint}, extra=extra)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu") -> "Codec":
         """Load a folder written by `save_pretrained`. Clear errors for every way it can be wrong."""
-        folder = Path(path)
-        if not folder.is_dir():
-            raise FileNotFoundError(f"no codec folder at {folder}")
-        config_path, weights_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
-        for p in (config_path, weights_path):
-            if not p.is_file():
-                raise FileNotFoundError(f"{folder} is not a saved codec: {p.name} is missing")
-        try:
-            raw = json.loads(config_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{config_path}: not valid JSON ({e})") from None
-        if not isinstance(raw, dict):
-            raise ValueError(f"{config_path}: expected a JSON object")
-        fmt, version = raw.pop("format", FORMAT_NAME), raw.pop("format_version", FORMAT_VERSION)
-        if fmt != FORMAT_NAME:
-            raise ValueError(f"{config_path}: format {fmt!r} is not {FORMAT_NAME!r}")
-        if version != FORMAT_VERSION:
-            raise ValueError(f"{config_path}: codec format version {version} is not supported "
-                             f"(this rvqlm reads version {FORMAT_VERSION})")
-        config = CodecConfig.from_dict(raw, source=str(config_path))
-        model = cls(config)
-        try:
-            state = load_file(str(weights_path), device="cpu")
-        except (SafetensorError, OSError, ValueError) as e:
-            raise ValueError(f"{weights_path}: not a readable safetensors file ({e})") from None
-        expected = model.state_dict()
-        _check_state(expected, state, weights_path)
-        # A half-precision decoder (save_pretrained's decoder_dtype) loads back as float32.
-        state = {k: v.to(expected[k].dtype) for k, v in state.items()}
-        model.load_state_dict(state, strict=True)
+        raw, state = read_folder(path, FOLDER_FORMAT)
+        model = cls(CodecConfig.from_dict(raw, source=str(Path(path) / CONFIG_FILE)))
+        load_state(model, state, Path(path) / WEIGHTS_FILE, may_cast=_is_decoder)
         return model.to(map_location).eval()
-
-
-def _cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
-
-
-def _check_state(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor], source: Path) -> None:
-    """Compare a loaded state dict with the model's; raise one ValueError listing every problem."""
-    problems = []
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
-    if missing:
-        problems.append(f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-    if unexpected:
-        problems.append(f"unexpected tensors {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
-    for name in sorted(set(expected) & set(found)):
-        if expected[name].shape != found[name].shape:
-            problems.append(f"{name} has shape {tuple(found[name].shape)}, the config needs {tuple(expected[name].shape)}")
-        elif expected[name].dtype != found[name].dtype and not (
-                name.startswith("decoder.") and loads_as(found[name].dtype, expected[name].dtype)):
-            problems.append(f"{name} has dtype {found[name].dtype}, expected {expected[name].dtype}")
-    if problems:
-        raise ValueError(f"{source} does not match its config.json: " + "; ".join(problems[:8]))
-

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from codec.config import bits_per_code
 from rvqlm_core.atomic import atomic_write_bytes
 
 MAGIC = b"RVQLM\x00\r\n"
@@ -44,13 +45,6 @@ class RvqFileError(ValueError):
     def __init__(self, path: str | os.PathLike, reason: str):
         self.path, self.reason = str(path), reason
         super().__init__(f"{path}: {reason}")
-
-
-def bits_per_code(codebook_size: int) -> int:
-    """ceil(log2 |V|): 0 for |V| = 1, 1 for 2, 10 for 1000 and 1024, 12 for 4096."""
-    if codebook_size < 1:
-        raise ValueError(f"codebook_size must be >= 1, got {codebook_size}")
-    return math.ceil(math.log2(codebook_size))
 
 
 def pack_codes(codes: np.ndarray, bits: int) -> bytes:

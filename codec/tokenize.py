@@ -338,19 +338,6 @@ def codec_meta(codec) -> dict[str, Any]:
             "sample_rate": codec.sample_rate, "codec_config": config}
 
 
-def _meta_for(out: Path, codec) -> dict[str, Any]:
-    """codec_meta, except that a folder begun before token fingerprints existed (it records this
-    codec's full fingerprint) keeps its recorded one, so it resumes instead of being refused."""
-    meta = codec_meta(codec)
-    try:
-        old = read_codec_json(out)["fingerprint"] if (out / CODEC_JSON).is_file() else None
-    except TokenShardError:
-        old = None  # unreadable: ShardWriter says so
-    if old is not None and old != meta["fingerprint"] and codec.accepts_tokens(old):
-        meta["fingerprint"] = old
-    return meta
-
-
 def tokenize_folder(
     audio_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -379,7 +366,7 @@ def tokenize_folder(
     files = find_audio_files(audio_dir, exclude=out)
     if not files:
         raise FileNotFoundError(f"no audio files ({', '.join(AUDIO_SUFFIXES)}) under {audio_dir}")
-    writer = ShardWriter(out, _meta_for(out, codec), shard_frames=shard_frames)
+    writer = ShardWriter(out, codec_meta(codec), shard_frames=shard_frames)
     summary = TokenizeSummary(files_found=len(files))
     todo = []
     for f in files:

@@ -29,7 +29,8 @@ from codec.data import CodecDataModule
 from codec.discriminator import (CodecDiscriminator, discriminator_hinge_loss, feature_matching_loss,
                                  generator_hinge_loss, load_discriminator)
 from codec.losses import MultiScaleMelLoss, PhaseDerivativeLoss, mel_distance, si_sdr, waveform_l1
-from codec.model import DECODER_SETTINGS, DISCRIMINATOR_NAME, Codec, CodecConfig
+from codec.config import DECODER_SETTINGS, CodecConfig
+from codec.model import DISCRIMINATOR_NAME, Codec
 from codec.training_config import Adversarial, Losses, Optimization, as_settings, settings_dict
 from rvqlm_core.rng_state import get_rng_state, set_rng_state
 

@@ -73,8 +73,8 @@ def test_decode_refuses_another_codecs_file(tmp_path, tiny_codec_dir, speech, ca
 
 
 def test_decode_accepts_a_fine_tuned_decoder_and_old_headers(tmp_path, tiny_codec_dir, speech):
-    """Same tokens, new decoder: decodes (with the new decoder). A file written before token
-    fingerprints existed (its header holds the full fingerprint) still decodes with its codec."""
+    """Same tokens, new decoder: decodes (with the new decoder). A header holding a full fingerprint
+    instead of the token one is refused."""
     from codec.rvq_file import write_rvq
 
     rvq = tmp_path / "x.rvq"
@@ -91,7 +91,7 @@ def test_decode_accepts_a_fine_tuned_decoder_and_old_headers(tmp_path, tiny_code
 
     old = Codec.from_pretrained(tiny_codec_dir)
     write_rvq(tmp_path / "old.rvq", codes, {**header, "codec_fingerprint": old.fingerprint()})
-    assert main(["decode", str(tmp_path / "old.rvq"), str(tmp_path / "o.wav"), "--codec", str(tiny_codec_dir)]) == 0
+    assert main(["decode", str(tmp_path / "old.rvq"), str(tmp_path / "o.wav"), "--codec", str(tiny_codec_dir)]) == 2
     assert main(["decode", str(tmp_path / "old.rvq"), str(tmp_path / "p.wav"), "--codec", str(tuned_dir)]) == 2
 
 

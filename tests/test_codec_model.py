@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from codec import Codec, CodecConfig
-from codec.model import CONFIG_NAME, WEIGHTS_NAME
+from rvqlm_core.persistence import CONFIG_FILE, WEIGHTS_FILE
 
 
 TINY = CodecConfig(strides=(2, 4, 5, 4), encoder_channels=4, decoder_channels=4, latent_dim=16, dilations=(1, 3),
@@ -86,7 +86,7 @@ def test_save_load_round_trip(codec, tmp_path):
     wav = torch.randn(2, 1, 1600) * 0.1
     codes = codec.encode(wav)
     path = codec.save_pretrained(tmp_path / "codec")
-    assert sorted(p.name for p in path.iterdir()) == [CONFIG_NAME, WEIGHTS_NAME]
+    assert sorted(p.name for p in path.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE]
     loaded = Codec.from_pretrained(path)
     assert loaded.fingerprint() == codec.fingerprint()
     assert torch.equal(loaded.encode(wav), codes)
@@ -106,7 +106,7 @@ def test_half_precision_decoder_keeps_the_tokens_and_halves_the_file(codec, tmp_
     codes = codec.encode(wav)
     full = codec.save_pretrained(tmp_path / "full")
     half = codec.save_pretrained(tmp_path / "half", decoder_dtype=dtype)
-    stored = load_file(str(half / WEIGHTS_NAME))
+    stored = load_file(str(half / WEIGHTS_FILE))
     for name, tensor in stored.items():
         original = codec.state_dict()[name]
         want = getattr(torch, dtype) if name.startswith("decoder.") and original.is_floating_point() else original.dtype
@@ -114,14 +114,14 @@ def test_half_precision_decoder_keeps_the_tokens_and_halves_the_file(codec, tmp_
         if not name.startswith("decoder."):
             assert torch.equal(tensor, original), name
     decoder_bytes = sum(v.numel() * 4 for k, v in codec.state_dict().items() if k.startswith("decoder."))
-    saved = (full / WEIGHTS_NAME).stat().st_size - (half / WEIGHTS_NAME).stat().st_size
+    saved = (full / WEIGHTS_FILE).stat().st_size - (half / WEIGHTS_FILE).stat().st_size
     assert saved >= 0.45 * decoder_bytes  # about half of the decoder's float32 bytes
 
     loaded = Codec.from_pretrained(half)
     assert all(v.dtype == codec.state_dict()[k].dtype for k, v in loaded.state_dict().items())
     assert loaded.token_fingerprint() == codec.token_fingerprint()
     assert loaded.fingerprint() != codec.fingerprint()
-    with safe_open(str(half / WEIGHTS_NAME), framework="pt") as f:
+    with safe_open(str(half / WEIGHTS_FILE), framework="pt") as f:
         assert f.metadata()["fingerprint"] == loaded.fingerprint()
     assert torch.equal(loaded.encode(wav), codes)
     exact, rounded = codec.decode(codes), loaded.decode(codes)
@@ -135,10 +135,10 @@ def test_half_precision_decoder_keeps_the_tokens_and_halves_the_file(codec, tmp_
 def test_half_precision_outside_the_decoder_is_refused(codec, tmp_path):
     """Only the decoder may be stored in half precision: a rounded encoder would change the tokens."""
     path = codec.save_pretrained(tmp_path / "c")
-    state = load_file(str(path / WEIGHTS_NAME))
+    state = load_file(str(path / WEIGHTS_FILE))
     name = next(k for k, v in state.items() if k.startswith("encoder.") and v.is_floating_point())
     state[name] = state[name].half()
-    save_file(state, str(path / WEIGHTS_NAME))
+    save_file(state, str(path / WEIGHTS_FILE))
     with pytest.raises(ValueError, match=f"{name} has dtype torch.float16"):
         Codec.from_pretrained(path)
 
@@ -151,8 +151,7 @@ def test_fingerprint_depends_on_weights_and_config(codec):
 
 def test_token_fingerprint_covers_the_encoder_and_quantizer_not_the_decoder(codec):
     """What decides the token ids (encoder, quantizer, their settings) is in the token fingerprint;
-    the decoder is not, so a decoder fine-tune keeps token files valid. Old files record the full
-    fingerprint, which is accepted too."""
+    the decoder is not, so a decoder fine-tune keeps token files valid."""
     import copy
     import dataclasses
 
@@ -162,8 +161,8 @@ def test_token_fingerprint_covers_the_encoder_and_quantizer_not_the_decoder(code
     with torch.no_grad():
         next(tuned.decoder.parameters()).add_(1e-3)
     assert tuned.token_fingerprint() == token_fp and tuned.fingerprint() != full_fp
-    assert tuned.accepts_tokens(token_fp) and codec.accepts_tokens(full_fp)
-    assert not tuned.accepts_tokens(full_fp)  # the old full fingerprint named the old decoder
+    assert tuned.accepts_tokens(token_fp) and codec.accepts_tokens(token_fp)
+    assert not codec.accepts_tokens(full_fp) and not tuned.accepts_tokens(full_fp)  # tokens record the token one
     assert not codec.accepts_tokens(None) and not codec.accepts_tokens("0" * 64)
     for part in (tuned.encoder, ):
         with torch.no_grad():
@@ -191,29 +190,36 @@ def test_from_pretrained_errors(codec, tmp_path):
     with pytest.raises(FileNotFoundError, match="no codec folder"):
         Codec.from_pretrained(tmp_path / "nothing")
     path = codec.save_pretrained(tmp_path / "c")
-    (path / WEIGHTS_NAME).unlink()
+    (path / WEIGHTS_FILE).unlink()
     with pytest.raises(FileNotFoundError, match="model.safetensors is missing"):
         Codec.from_pretrained(path)
 
     path = codec.save_pretrained(tmp_path / "c2")
-    cfg = json.loads((path / CONFIG_NAME).read_text())
-    (path / CONFIG_NAME).write_text(json.dumps({**cfg, "n_codebook": 3}))
+    cfg = json.loads((path / CONFIG_FILE).read_text())
+    # The weights hold a copy of config.json (a mixed save is refused): drop it, so that the edits
+    # below reach the config checks.
+    save_file(load_file(str(path / WEIGHTS_FILE)), str(path / WEIGHTS_FILE))
+    (path / CONFIG_FILE).write_text(json.dumps({**cfg, "n_codebook": 3}))
     with pytest.raises(ValueError, match="unknown codec config keys \\['n_codebook'\\]"):
         Codec.from_pretrained(path)
-    (path / CONFIG_NAME).write_text(json.dumps({**cfg, "latent_dim": 8}))  # weights no longer fit
+    (path / CONFIG_FILE).write_text(json.dumps({**cfg, "latent_dim": 8}))  # weights no longer fit
     with pytest.raises(ValueError, match="does not match its config.json.*shape"):
         Codec.from_pretrained(path)
-    (path / CONFIG_NAME).write_text("{not json")
+    (path / CONFIG_FILE).write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         Codec.from_pretrained(path)
+    saved = codec.save_pretrained(tmp_path / "c4")
+    (saved / CONFIG_FILE).write_text(json.dumps({**cfg, "compress": 3}))  # config and weights of two saves
+    with pytest.raises(ValueError, match="come from different saves"):
+        Codec.from_pretrained(saved)
 
     path = codec.save_pretrained(tmp_path / "c3")
-    state = load_file(str(path / WEIGHTS_NAME))
+    state = load_file(str(path / WEIGHTS_FILE))
     state.pop(next(iter(state)))
-    save_file(state, str(path / WEIGHTS_NAME))
+    save_file(state, str(path / WEIGHTS_FILE))
     with pytest.raises(ValueError, match="missing tensors"):
         Codec.from_pretrained(path)
-    (path / WEIGHTS_NAME).write_bytes(b"\x80\x04pickle? no")
+    (path / WEIGHTS_FILE).write_bytes(b"\x80\x04pickle? no")
     with pytest.raises(ValueError, match="not a readable safetensors file"):
         Codec.from_pretrained(path)
 

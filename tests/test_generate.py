@@ -341,7 +341,7 @@ def saved_pair(tmp_path_factory):
                               codebook_size=CLI_V, dilations=(1,))).eval()
     codec.save_pretrained(root / "codec")
     cfg = LMConfig(n_codebooks=CLI_NC, codebook_size=CLI_V, d_model=16, n_layers=1, n_heads=2, max_seq_len=40,
-                   codec_fingerprint=codec.fingerprint())
+                   codec_fingerprint=codec.token_fingerprint())
     MultiCodebookLM(cfg).save_pretrained(root / "lm")
     other = LMConfig(**{**cfg.to_dict(), "codec_fingerprint": "0" * 64})
     MultiCodebookLM(other).save_pretrained(root / "lm_other_codec")

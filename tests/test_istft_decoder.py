@@ -135,25 +135,6 @@ def test_istft_decoder_is_cheaper_per_frame_than_it_is_wide():
     assert math.isclose(expected / 1e6, 7.79, abs_tol=0.01)
 
 
-def test_codecs_saved_before_the_istft_decoder_keep_loading_with_the_same_fingerprint(tmp_path):
-    """A config.json without the decoder keys (written before they existed) is a SEANet codec, and its
-    fingerprint, which token shards, LMs and .rvq files record, does not change."""
-    import json
-
-    from codec.model import CONFIG_NAME, ISTFT_ONLY_SETTINGS
-
-    torch.manual_seed(0)
-    old = Codec(CodecConfig(**{**TINY.to_dict(), "decoder": "seanet", "decoder_channels": 2}))
-    folder = old.save_pretrained(tmp_path / "old")
-    raw = json.loads((folder / CONFIG_NAME).read_text())
-    assert "istft_n_fft" in ISTFT_ONLY_SETTINGS
-    for key in ISTFT_ONLY_SETTINGS:
-        raw.pop(key)
-    (folder / CONFIG_NAME).write_text(json.dumps(raw))
-    loaded = Codec.from_pretrained(folder)
-    assert loaded.config.decoder == "seanet" and loaded.fingerprint() == old.fingerprint()
-
-
 def test_angle_vector_head_starts_as_the_angle_head_it_grows_from_and_learns_turns():
     """from_angle_head: same spectra as the trained angle decoder (x = 1, y = 0); the vector rows
     get gradients, and turning a vector turns the phase by its angle."""

@@ -27,6 +27,13 @@ def lm() -> MultiCodebookLM:
     return MultiCodebookLM.from_pretrained(MODELS / "lm-speech-16k")
 
 
+def test_the_shipped_codec_keeps_its_fingerprints(codec):
+    """Token folders, .rvq files and the shipped LM record these: loading must not change them."""
+    assert codec.fingerprint() == "afd0504f1b7cd202d52fe80bfcb33bf78843bc6c5efa1c8b342ddb74659319f1"
+    assert codec.token_fingerprint().startswith("da36b43ca2e1")
+    assert codec.accepts_tokens(codec.token_fingerprint()) and not codec.accepts_tokens(codec.fingerprint())
+
+
 def test_the_shipped_lm_models_the_shipped_codecs_tokens(codec, lm):
     assert lm.cfg.codec_fingerprint == codec.token_fingerprint()
     assert (lm.cfg.n_codebooks, lm.cfg.codebook_size) == (codec.n_codebooks, codec.codebook_size)
