@@ -1,33 +1,20 @@
 """Residual vector quantizer (RVQ) with EMA codebooks, k-means init, dead-code revival and dropout.
 
-The formula (seed 002, codes counted from 0 here): with codebooks V_1..V_{N_c} of |V| vectors each,
+The formula (docs/theory.md, seed 002; codes counted from 0 here): with codebooks V_1..V_{N_c} of |V| vectors,
 
     r_1 = e,    i_c = argmin_i |r_c - e_i^(c)|,    q_c = e_{i_c}^(c),    r_{c+1} = r_c - q_c
 
-so codebook c quantizes the residual that codebooks 1..c-1 left, and the quantized latent is the
-sum q_1 + ... + q_k of the first k chosen vectors (k <= N_c gives a lower bitrate).
+and the quantized latent is q_1 + ... + q_k (k <= N_c gives a lower bitrate).
 
-Training (module in train mode, unless `frozen` is set) additionally:
+Training (train mode, unless `frozen`): k-means initialises each codebook once on the first batch's
+residuals; dead codes (EMA cluster size < `dead_code_threshold`) move onto random residuals of the
+batch before it is assigned, their EMA statistics reset to match; codebooks follow EMAs of cluster
+sizes and embedding sums (Laplace-smoothed, no gradient); with probability `quantizer_dropout` an
+example uses only the first k ~ U{1..N_c} codebooks (a `frozen` quantizer too).
 
-* initialises each codebook once by k-means on its level's residuals of the first batch
-  (the `initialized` buffer records it, so it survives a state_dict round trip);
-* revives dead codes (EMA cluster size < `dead_code_threshold`) *before* the batch is assigned:
-  the vector becomes a random residual of the current batch, and its EMA statistics are reset to
-  match (cluster size = threshold, embedding sum = vector * threshold), so the EMA update of the
-  same step keeps it where it was put (EnCodec resets only the vector, and its EMA update then
-  overwrites it with the stale embedding sum);
-* updates the codebooks by exponential moving averages of cluster sizes and embedding sums, with
-  Laplace smoothing of the cluster sizes (no gradient reaches the codebooks);
-* drops trailing codebooks per example (with probability `quantizer_dropout` an example uses only
-  the first k ~ U{1..N_c}), so decoding with any k <= N_c works with one model (this one applies
-  to a `frozen` quantizer too, whose codebooks and statistics never change: decoder fine-tunes).
-
-The commitment loss is the mean over levels of mean((r_c - sg(q_c))^2): the residual r_c depends on
-the encoder output at every level, so every level sends a gradient to the encoder. The output uses
-one straight-through estimator, on the quantized sum: quantized = z + sg(q_sum - z).
-
-Under torch.distributed the EMA statistics are summed over ranks, and k-means centroids and revived
-vectors are broadcast from one rank, so all ranks keep identical codebooks.
+Commitment loss: mean over levels of mean((r_c - sg(q_c))^2). One straight-through estimator, on the
+sum: quantized = z + sg(q_sum - z). Under torch.distributed the EMA statistics are summed over
+ranks, and k-means centroids and revived vectors broadcast from one rank.
 """
 
 from __future__ import annotations
@@ -71,7 +58,7 @@ class QuantizerOutput:
 
 
 def nearest_codes(x: Tensor, codebook: Tensor, candidates: int = 4) -> Tensor:
-    """Index of the nearest codebook vector (Euclidean) for each row, exactly as the seed's argmin.
+    """Index of the nearest codebook vector (Euclidean) for each row, exactly the formula's argmin.
 
     x [N, D], codebook [V, D] -> LongTensor [N]. A fast pass ranks codes by ||e||^2 - 2 x.e (one
     fused addmm; ||x||^2 is the same for every code of a row) after moving the origin to the
@@ -151,13 +138,8 @@ class ResidualVectorQuantizer(nn.Module):
 
     Buffers (all in the state_dict): `embed` [N_c, |V|, D] the codebook vectors,
     `cluster_size` [N_c, |V|] and `embed_sum` [N_c, |V|, D] their EMA statistics, and
-    `initialized` (bool) whether k-means initialisation has run.
-
-    `dead_code_threshold` is in frames per training step (the EMA of a code's count): a level that
-    sees N frames a step can keep at most N / threshold codes alive, so with |V| = 1024 and the
-    default 2.0 a batch needs well over 2048 frames at every level (fewer reach the deep levels
-    under quantizer dropout), or most codes are re-drawn from the batch at every step. The step
-    that runs k-means revives nothing: its codebooks were just fitted to that batch.
+    `initialized` (bool) whether k-means initialisation has run. `dead_code_threshold` is in
+    frames per training step (the EMA of a code's count). The step that runs k-means revives nothing.
     """
 
     def __init__(
@@ -207,8 +189,7 @@ class ResidualVectorQuantizer(nn.Module):
 
         embed = torch.randn(n_codebooks, codebook_size, dim) / math.sqrt(dim)
         self.register_buffer("embed", embed)
-        # Zero cluster sizes: without k-means init every code starts dead and the first training
-        # step revives all of them to random latents of the batch.
+        # Zero cluster sizes: without k-means init the first training step revives every code.
         self.register_buffer("cluster_size", torch.zeros(n_codebooks, codebook_size))
         self.register_buffer("embed_sum", embed.clone())
         self.register_buffer("initialized", torch.tensor(not kmeans_init))
@@ -348,77 +329,96 @@ class ResidualVectorQuantizer(nn.Module):
         b, _, t = z.shape
         if b == 0 or t == 0:
             raise ValueError(f"cannot quantize an empty batch of latents of shape {tuple(z.shape)}")
-        device = z.device
-        with torch.autocast(device_type=device.type, enabled=False):
+        with torch.autocast(device_type=z.device.type, enabled=False):
             x = rearrange(z.float(), "b d t -> b t d")
             update = self.training and not self.frozen
-            if update and not bool(self.initialized):
+            just_initialized = update and not bool(self.initialized)
+            if just_initialized:
                 self._init_codebooks(x.detach().reshape(-1, self.dim))
-                just_initialized = True
-            else:
-                just_initialized = False
-
-            k = self._codebooks_per_example(b, n_q, device)
-            n_used = int(k.max())
-            if self.training and _distributed():
-                n_used_t = torch.tensor(n_used, device=device)
-                dist.all_reduce(n_used_t, op=dist.ReduceOp.MAX)
-                n_used = int(n_used_t)
-
-            residual = x
-            q_sum = torch.zeros_like(x)
-            codes = torch.full((b, n_used, t), -1, dtype=torch.long, device=device)
-            commit_terms = []
-            metrics: dict[str, Tensor] = {}
-            log_v = math.log(self.codebook_size) if self.codebook_size > 1 else 1.0
-            for c in range(n_used):
-                active = k > c  # [B]
-                r = residual[active]  # [b_c, T, D]
-                flat = r.detach().reshape(-1, self.dim)
-                dead = self.cluster_size[c] < self.dead_code_threshold
-                metrics[f"dead_codes/c{c}"] = dead.sum().float()
-                if update and not just_initialized:
-                    self._revive_dead_codes(c, flat, dead)
-                codebook = self.embed[c].clone()  # the vectors this step quantizes with
-                idx = nearest_codes(flat, codebook)
-                q = F.embedding(idx, codebook).view_as(r)
-                if r.shape[0] > 0:
-                    commit_terms.append(F.mse_loss(r, q.detach()))
-                if update:
-                    usage = self._ema_update(c, flat, idx)
-                else:
-                    usage = torch.bincount(idx, minlength=self.codebook_size).float()
-                probs = usage / usage.sum().clamp(min=1)
-                entropy = -(probs * torch.log(probs.clamp(min=1e-12))).sum()
-                metrics[f"perplexity/c{c}"] = entropy.exp()
-                metrics[f"entropy_norm/c{c}"] = entropy / log_v
-
-                q_full = torch.zeros_like(x)
-                q_full[active] = q
-                codes[active, c] = idx.view(-1, t)
-                q_sum = q_sum + q_full
-                residual = residual - q_full
-
-            for c in range(n_used, self.n_codebooks):
-                dead = self.cluster_size[c] < self.dead_code_threshold
-                metrics[f"dead_codes/c{c}"] = dead.sum().float()
+            k = self._codebooks_per_example(b, n_q, z.device)
+            q_sum, codes, commit_terms, metrics = self._quantize_levels(
+                x, k, self._levels_in_use(k), update=update, revive=update and not just_initialized)
 
         # Level 1 is used by every example, so commit_terms is never empty.
         commit_per_level = torch.stack(commit_terms)
-        commit_loss = self.commitment_weight * commit_per_level.mean()
         quantized = x + (q_sum - x).detach()  # the single straight-through estimator
-        quantized = rearrange(quantized, "b t d -> b d t").to(z.dtype)
+        return QuantizerOutput(
+            quantized=rearrange(quantized, "b t d -> b d t").to(z.dtype),
+            codes=codes,
+            commit_loss=self.commitment_weight * commit_per_level.mean(),
+            metrics=self._summary(metrics, k),
+            commit_per_level=commit_per_level,
+            n_q_per_example=k,
+        )
 
+    def _levels_in_use(self, k: Tensor) -> int:
+        """The largest k of the batch; in distributed training the largest over all ranks, so every
+        rank runs the same levels (and the same collective operations)."""
+        n_used = int(k.max())
+        if self.training and _distributed():
+            n_used_t = torch.tensor(n_used, device=k.device)
+            dist.all_reduce(n_used_t, op=dist.ReduceOp.MAX)
+            n_used = int(n_used_t)
+        return n_used
+
+    def _quantize_levels(self, x: Tensor, k: Tensor, n_used: int, *, update: bool,
+                         revive: bool) -> tuple[Tensor, Tensor, list[Tensor], dict[str, Tensor]]:
+        """Quantize x [B, T, D] greedily with levels 0..n_used-1, each on the examples whose k exceeds it.
+
+        Returns q_sum [B, T, D], codes [B, n_used, T] (-1 where dropped), the per-level commitment
+        terms and the per-level metrics."""
+        b, t, _ = x.shape
+        residual, q_sum = x, torch.zeros_like(x)
+        codes = torch.full((b, n_used, t), -1, dtype=torch.long, device=x.device)
+        commit_terms: list[Tensor] = []
+        metrics: dict[str, Tensor] = {}
+        for c in range(n_used):
+            active = k > c  # [B]
+            r = residual[active]  # [b_c, T, D]
+            idx, q, usage = self._quantize_level(c, r, metrics, update=update, revive=revive)
+            if r.shape[0] > 0:
+                commit_terms.append(F.mse_loss(r, q.detach()))
+            metrics.update(self._usage_metrics(c, usage))
+            q_full = torch.zeros_like(x)
+            q_full[active] = q
+            codes[active, c] = idx.view(-1, t)
+            q_sum = q_sum + q_full
+            residual = residual - q_full
+        for c in range(n_used, self.n_codebooks):
+            metrics[f"dead_codes/c{c}"] = (self.cluster_size[c] < self.dead_code_threshold).sum().float()
+        return q_sum, codes, commit_terms, metrics
+
+    def _quantize_level(self, c: int, r: Tensor, metrics: dict[str, Tensor], *, update: bool,
+                        revive: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """Level c on its residuals r [b_c, T, D]: revive dead codes (recorded in `metrics`), assign,
+        and update the codebook. Returns codes [b_c * T], their vectors [b_c, T, D], usage counts [|V|]."""
+        flat = r.detach().reshape(-1, self.dim)
+        dead = self.cluster_size[c] < self.dead_code_threshold
+        metrics[f"dead_codes/c{c}"] = dead.sum().float()
+        if revive:
+            self._revive_dead_codes(c, flat, dead)
+        codebook = self.embed[c].clone()  # the vectors this step quantizes with
+        idx = nearest_codes(flat, codebook)
+        q = F.embedding(idx, codebook).view_as(r)
+        if update:
+            usage = self._ema_update(c, flat, idx)
+        else:
+            usage = torch.bincount(idx, minlength=self.codebook_size).float()
+        return idx, q, usage
+
+    def _usage_metrics(self, c: int, usage: Tensor) -> dict[str, Tensor]:
+        """Perplexity and normalised entropy of level c's code usage counts [|V|]."""
+        log_v = math.log(self.codebook_size) if self.codebook_size > 1 else 1.0
+        probs = usage / usage.sum().clamp(min=1)
+        entropy = -(probs * torch.log(probs.clamp(min=1e-12))).sum()
+        return {f"perplexity/c{c}": entropy.exp(), f"entropy_norm/c{c}": entropy / log_v}
+
+    @staticmethod
+    def _summary(metrics: dict[str, Tensor], k: Tensor) -> dict[str, Tensor]:
+        """The per-level metrics, their means over levels, and `n_q`; all detached."""
+        metrics = dict(metrics)
         for name in ("perplexity", "entropy_norm", "dead_codes"):
             values = [v for key, v in metrics.items() if key.startswith(name + "/")]
             metrics[name] = torch.stack(values).mean()
         metrics["n_q"] = k.float().mean()
-        metrics = {key: v.detach() for key, v in metrics.items()}
-        return QuantizerOutput(
-            quantized=quantized,
-            codes=codes,
-            commit_loss=commit_loss,
-            metrics=metrics,
-            commit_per_level=commit_per_level,
-            n_q_per_example=k,
-        )
+        return {key: v.detach() for key, v in metrics.items()}

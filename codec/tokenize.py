@@ -6,9 +6,9 @@ Pipeline (one process encodes, `workers` processes decode):
 
 1. Walk AUDIO_DIR (recursively, sorted) for files with an audio suffix. Files already in the
    manifest with the same size and mtime are skipped (resume); changed ones are reported.
-2. Decode each file to the codec's rate and channels. Short files are read whole by the worker
-   pool; files longer than `STREAM_BLOCK_SECONDS` are streamed block by block in the main
-   process (a background thread reads ahead), so memory never depends on a file's length.
+2. Decode each file to the codec's rate and channels (codec/audio_folder.py). Short files are read
+   whole by the worker pool; files longer than `STREAM_BLOCK_SECONDS` are streamed block by block
+   in the main process (a background thread reads ahead), so memory never depends on a file's length.
 3. Cut every file into *pieces*: a file of T frames (`S` samples zero-padded to `T * hop`) is one
    piece if T <= `chunk_frames`, else consecutive chunks of `chunk_frames` core frames, each
    widened by the encoder's exact context (`Codec.frame_span`): L frames of past and R frames of
@@ -29,14 +29,9 @@ Files that cannot be decoded go to `errors.jsonl` with the reason; the run goes 
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import multiprocessing as mp
 import os
-import queue
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -45,143 +40,11 @@ import numpy as np
 import torch
 import torch.nn.utils.parametrize
 
-from codec.audio import AUDIO_SUFFIXES, AudioError, audio_info, iter_audio_blocks
-from rvqlm_core.token_shards import (CODEC_JSON, DEFAULT_SHARD_FRAMES, ShardWriter, TokenShardError, read_codec_json,
-                                write_errors)
-
-#: Files longer than this are streamed in blocks of this length; shorter ones are read whole.
-#: Fixed (not a user setting) so the decoded samples, hence the tokens, never depend on options.
-STREAM_BLOCK_SECONDS = 60.0
-
-
-# ---------------------------------------------------------------------------------------------
-# walking
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SourceFile:
-    path: Path  # absolute
-    rel: str  # relative to the audio folder, POSIX
-    size: int
-    mtime_ns: int
-
-
-def find_audio_files(audio_dir: str | os.PathLike, *, exclude: Path | None = None) -> list[SourceFile]:
-    """Every file under audio_dir with an audio suffix, sorted by relative path (hidden ones skipped)."""
-    root = Path(audio_dir)
-    if not root.is_dir():
-        raise FileNotFoundError(f"no audio folder at {root}")
-    exclude = exclude.resolve() if exclude is not None else None
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
-                             and (exclude is None or (here / d).resolve() != exclude))
-        for name in filenames:
-            if name.startswith(".") or not name.lower().endswith(AUDIO_SUFFIXES):
-                continue
-            p = here / name
-            try:
-                st = p.stat()
-            except OSError:
-                continue
-            found.append(SourceFile(p, p.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns))
-    return sorted(found, key=lambda f: f.rel)
-
-
-# ---------------------------------------------------------------------------------------------
-# decoding (runs in worker processes)
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Decoded:
-    """A file's samples [C, S] at the codec's rate (None when streamed), or the reason it failed."""
-
-    index: int
-    wav: np.ndarray | None = None
-    stream: bool = False
-    error: str | None = None
-
-
-def _decode(index: int, path: str, sample_rate: int, channels: int, max_seconds: float | None) -> Decoded:
-    try:
-        info = audio_info(path)
-        if max_seconds is not None and info.duration > max_seconds:
-            raise AudioError(path, f"too long ({info.duration:.1f} s > --max-file-seconds {max_seconds:g})")
-        if info.duration > STREAM_BLOCK_SECONDS:
-            return Decoded(index, stream=True)
-        blocks = list(iter_audio_blocks(path, sample_rate, channels, STREAM_BLOCK_SECONDS))
-        wav = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)
-        return Decoded(index, wav=wav.numpy())
-    except AudioError as e:
-        return Decoded(index, error=e.reason)
-    except Exception as e:  # an unreadable file must never stop the run
-        return Decoded(index, error=f"unexpected {type(e).__name__}: {e}")
-
-
-def _worker_init() -> None:
-    torch.set_num_threads(1)
-
-
-class _OrderedDecoder:
-    """Decode files in order with a bounded read-ahead, in `workers` processes (0: inline)."""
-
-    def __init__(self, workers: int, sample_rate: int, channels: int, max_seconds: float | None):
-        self.args = (sample_rate, channels, max_seconds)
-        self.pool = mp.get_context("spawn").Pool(workers, initializer=_worker_init) if workers > 0 else None
-        self.ahead = max(2, 4 * workers)
-
-    def map(self, files: list[SourceFile]) -> Iterator[Decoded]:
-        if self.pool is None:
-            for i, f in enumerate(files):
-                yield _decode(i, str(f.path), *self.args)
-            return
-        pending: deque = deque()
-        todo = iter(enumerate(files))
-        for i, f in todo:
-            pending.append(self.pool.apply_async(_decode, (i, str(f.path), *self.args)))
-            if len(pending) >= self.ahead:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-
-
-def _read_ahead(blocks: Iterator[torch.Tensor], depth: int = 2) -> Iterator[torch.Tensor]:
-    """Run a block iterator in a background thread (libsndfile and resampling release the GIL)."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-    stop = threading.Event()
-
-    def run():
-        try:
-            for b in blocks:
-                if stop.is_set():
-                    return
-                q.put(b)
-            q.put(done)
-        except BaseException as e:  # re-raised in the consumer
-            q.put(e)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    try:
-        while (item := q.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while t.is_alive():  # unblock a producer waiting on a full queue
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                t.join(0.01)
-
+from codec.audio import AudioError
+from codec.audio_folder import OrderedDecoder, SourceFile, find_audio_files, stream_blocks
+from codec.model import Codec
+from rvqlm_core.shard_writer import ShardWriter, write_errors
+from rvqlm_core.token_shards import DEFAULT_SHARD_FRAMES
 
 # ---------------------------------------------------------------------------------------------
 # pieces: what one encoder call sees of a file
@@ -217,7 +80,7 @@ class Plan:
     chunk_frames: int
 
     @classmethod
-    def for_codec(cls, codec, chunk_seconds: float) -> "Plan":
+    def for_codec(cls, codec: Codec, chunk_seconds: float) -> "Plan":
         lo, hi = codec.frame_span
         hop = codec.hop_length
         chunk_frames = max(1, int(round(chunk_seconds * codec.frame_rate)))
@@ -270,7 +133,7 @@ class Plan:
         return Piece(p.index, lo, p.stop, keep_lo, p.stop, wav, True)
 
 
-def encode_pieces(codec, pieces: list[Piece], plan: Plan) -> list[tuple[Piece, np.ndarray]]:
+def encode_pieces(codec: Codec, pieces: list[Piece], plan: Plan) -> list[tuple[Piece, np.ndarray]]:
     """Encode pieces in one zero-padded batch -> [(piece, codes [keep_hi - keep_lo, N_c])].
 
     End pieces shorter than the batch lose their last R frames here; the caller re-encodes those
@@ -329,19 +192,18 @@ class _FileState:
     begun: bool = False
 
 
-def codec_meta(codec) -> dict[str, Any]:
+def codec_meta(codec: Codec) -> dict[str, Any]:
     """What codec.json records about a codec: its token fingerprint (what decides and means the token
     ids; a decoder-only fine-tune keeps it), plus the layout and the full config."""
-    config = codec.config.to_dict() if hasattr(codec.config, "to_dict") else dataclasses.asdict(codec.config)
     return {"fingerprint": codec.token_fingerprint(), "n_codebooks": codec.n_codebooks,
             "codebook_size": codec.codebook_size, "frame_rate": float(codec.frame_rate),
-            "sample_rate": codec.sample_rate, "codec_config": config}
+            "sample_rate": codec.sample_rate, "codec_config": codec.config.to_dict()}
 
 
 def tokenize_folder(
     audio_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
-    codec,
+    codec: Codec,
     *,
     workers: int = 1,
     batch_seconds: float = 20.0,
@@ -382,7 +244,7 @@ def tokenize_folder(
     codec.eval()
     plan = Plan.for_codec(codec, chunk_seconds)
     run = _Run(codec, plan, writer, todo, summary, batch_seconds, progress, on_progress, t0)
-    decoder = _OrderedDecoder(workers, codec.sample_rate, codec.channels, max_file_seconds)
+    decoder = OrderedDecoder(workers, codec.sample_rate, codec.channels, max_file_seconds)
     try:
         # Weight-normed convs recompute their weights on every call unless cached: ~30% of a call.
         with torch.nn.utils.parametrize.cached():
@@ -401,7 +263,7 @@ def tokenize_folder(
 class _Run:
     """The state of one tokenize run: decoded pieces -> batches -> codes -> files in order."""
 
-    def __init__(self, codec, plan: Plan, writer: ShardWriter, todo: list[SourceFile], summary: TokenizeSummary,
+    def __init__(self, codec: Codec, plan: Plan, writer: ShardWriter, todo: list[SourceFile], summary: TokenizeSummary,
                  batch_seconds: float, progress: bool, on_progress, t0: float):
         self.codec, self.plan, self.writer, self.summary = codec, plan, writer, summary
         self.files = [_FileState(f) for f in todo]
@@ -418,7 +280,7 @@ class _Run:
 
             self.bar = tqdm(total=len(todo), unit="file", desc="tokenizing", dynamic_ncols=True)
 
-    def tokenize_all(self, decoder: _OrderedDecoder) -> None:
+    def tokenize_all(self, decoder: OrderedDecoder) -> None:
         """Decode every file, encode its pieces in batches and write the files' tokens in order."""
         sr, ch = self.codec.sample_rate, self.codec.channels
         for d in decoder.map([s.source for s in self.files]):
@@ -427,7 +289,7 @@ class _Run:
                 self._fail(d.index, d.error)
                 continue
             if d.stream:
-                blocks = _read_ahead(iter_audio_blocks(state.source.path, sr, ch, STREAM_BLOCK_SECONDS))
+                blocks = stream_blocks(state.source.path, sr, ch)
                 pieces = self.plan.stream(d.index, blocks)
             else:
                 pieces = self.plan.whole(d.index, torch.from_numpy(d.wav))

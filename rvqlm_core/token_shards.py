@@ -11,8 +11,8 @@ Pure numpy + json; knows nothing of the codec model or the LM. Layout of a token
                             # n_frames, shard, offset  (its tokens: shard[offset : offset + n_frames])
     OUT/errors.jsonl        # one line per file the last run could not tokenize: path, reason
 
-Commit protocol (`ShardWriter.seal`): the shard's rows are streamed to a hidden `.pending` file,
-then written as `shard-NNNNN.npy` under a temporary name and renamed; then `shards.jsonl` and
+Commit protocol (`ShardWriter.seal`, in rvqlm_core/shard_writer.py): the shard's rows are streamed
+to a hidden `.pending` file, then written as `shard-NNNNN.npy` under a temporary name and renamed; then `shards.jsonl` and
 finally `manifest.jsonl` are rewritten atomically. `manifest.jsonl` is the commit point: it only
 ever names complete shards, and a kill at any moment leaves a readable folder. (A kill between
 the last two renames leaves one trailing `shards.jsonl` line that no manifest line names; readers
@@ -26,7 +26,6 @@ caught); with `verify=True` also the sha256 of every shard file and the token ra
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -38,15 +37,13 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from rvqlm_core.atomic import atomic_path, atomic_write_json, atomic_write_text
-
 FORMAT = "rvqlm-token-shards"
 VERSION = 1
 CODEC_JSON, MANIFEST, INDEX, ERRORS, SHARD_DIR = "codec.json", "manifest.jsonl", "shards.jsonl", "errors.jsonl", "shards"
 DEFAULT_SHARD_FRAMES = 1 << 20  # ~5.8 h of 50 Hz tokens per shard (16 MiB at N_c=8, uint16)
-_SHARD_NAME = re.compile(r"^shard-\d{5}\.npy$")
+SHARD_FILE = re.compile(r"^shard-\d{5}\.npy$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_COPY_BLOCK = 1 << 22
+COPY_BLOCK = 1 << 22
 
 
 class TokenShardError(ValueError):
@@ -80,25 +77,25 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.npy"
 
 
-def _line(obj: Mapping[str, Any]) -> str:
+def json_line(obj: Mapping[str, Any]) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _entry_line(e: ShardEntry) -> str:
-    return _line(dataclasses.asdict(e))
+def entry_line(e: ShardEntry) -> str:
+    return json_line(dataclasses.asdict(e))
 
 
-def _lines_sha(lines: Iterable[str]) -> str:
+def lines_sha256(lines: Iterable[str]) -> str:
     h = hashlib.sha256()
     for line in lines:
         h.update(line.encode("utf-8") + b"\n")
     return h.hexdigest()
 
 
-def _file_sha(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(_COPY_BLOCK):
+        while block := f.read(COPY_BLOCK):
             h.update(block)
     return h.hexdigest()
 
@@ -199,7 +196,7 @@ def _parse_index(out: Path) -> list[dict]:
     for n, (_, obj) in enumerate(_read_jsonl(out / INDEX), 1):
         where = f"{out / INDEX} line {n}"
         _check_fields(obj, _INDEX_TYPES, where)
-        if not _SHARD_NAME.match(obj["shard"]) or obj["shard"] != shard_name(n - 1):
+        if not SHARD_FILE.match(obj["shard"]) or obj["shard"] != shard_name(n - 1):
             raise TokenShardError(f"{where}: expected shard {shard_name(n - 1)}, found {obj['shard']!r}")
         if obj["n_frames"] < 1 or obj["bytes"] < 1 or not _HEX64.match(obj["sha256"]) \
                 or not _HEX64.match(obj["entries_sha256"]):
@@ -216,13 +213,13 @@ def _parse_manifest(out: Path) -> list[tuple[str, ShardEntry]]:
         e = ShardEntry(**obj)
         if e.n_frames < 1 or e.offset < 0 or e.seconds < 0 or not e.path or e.path.startswith("/"):
             raise TokenShardError(f"{where}: invalid values for {e.path!r} (edited by hand?)")
-        if raw != _entry_line(e):
+        if raw != entry_line(e):
             raise TokenShardError(f"{where}: not in canonical form (edited by hand?)")
         rows.append((raw, e))
     return rows
 
 
-def _committed_state(out: Path) -> tuple[list[dict], list[ShardEntry], list[dict]]:
+def committed_state(out: Path) -> tuple[list[dict], list[ShardEntry], list[dict]]:
     """Read and cross-check shards.jsonl and manifest.jsonl (not the .npy files).
 
     Returns (committed index rows, entries in manifest order, uncommitted trailing index rows).
@@ -249,7 +246,7 @@ def _committed_state(out: Path) -> tuple[list[dict], list[ShardEntry], list[dict
         if not rows:
             raise TokenShardError(f"{out / MANIFEST} has no entries for {row['shard']} although later shards "
                                   "have them (lines deleted by hand?)")
-        if _lines_sha(raw for raw, _ in rows) != row["entries_sha256"]:
+        if lines_sha256(raw for raw, _ in rows) != row["entries_sha256"]:
             raise TokenShardError(f"{out / MANIFEST}: the entries of {row['shard']} do not match their checksum "
                                   f"in {INDEX} (edited by hand or damaged)")
         pos = 0
@@ -335,7 +332,7 @@ class TokenShards:
         """Open and check a token folder (see the module docstring for what is checked)."""
         root = Path(out_dir)
         meta = read_codec_json(root)
-        index, entries, _ = _committed_state(root)
+        index, entries, _ = committed_state(root)
         shards = {}
         for row in index:
             shards[row["shard"]] = _open_shard(root / SHARD_DIR / row["shard"], row, meta, verify)
@@ -357,9 +354,9 @@ def _open_shard(path: Path, row: dict, meta: dict, verify: bool) -> np.ndarray:
         raise TokenShardError(f"{path} holds {arr.dtype}{list(arr.shape)}, expected "
                               f"{expect_dtype}{list(expect_shape)} in C order (replaced or damaged)")
     if verify:
-        if _file_sha(path) != row["sha256"]:
+        if file_sha256(path) != row["sha256"]:
             raise TokenShardError(f"{path} does not match its sha256 in {INDEX} (damaged or edited)")
-        top = max((int(arr[i : i + _COPY_BLOCK].max()) for i in range(0, len(arr), _COPY_BLOCK)), default=0)
+        top = max((int(arr[i : i + COPY_BLOCK].max()) for i in range(0, len(arr), COPY_BLOCK)), default=0)
         if top >= meta["codebook_size"]:
             raise TokenShardError(f"{path} holds token id {top} >= codebook_size {meta['codebook_size']}")
     return arr
@@ -367,206 +364,5 @@ def _open_shard(path: Path, row: dict, meta: dict, verify: bool) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------
 # writer
-# --------------------------------------------------------------------------------------------
-
-class ShardWriter:
-    """Append files' tokens to a token folder, sealing a shard whenever it holds `shard_frames`.
-
-    Files never straddle shards (a shard may exceed `shard_frames` by its last file). Opening a
-    folder that already holds tokens resumes it: `done` maps each committed path to its entry,
-    leftovers of a killed run (hidden temporaries, sealed-but-uncommitted shards) are removed,
-    and a folder made by another codec is refused.
-
-    Per file: `begin(path, size, mtime_ns)`, any number of `write(rows [n, N_c])`, then
-    `end(seconds)` (or `abort()` to drop it). Call `close()` to seal the last partial shard.
-    """
-
-    def __init__(self, out_dir: str | os.PathLike, codec_meta: Mapping[str, Any], *,
-                 shard_frames: int = DEFAULT_SHARD_FRAMES):
-        if shard_frames < 1:
-            raise ValueError(f"shard_frames must be >= 1, got {shard_frames}")
-        self.root = Path(out_dir)
-        self.meta = make_codec_meta(codec_meta)
-        self.shard_frames = shard_frames
-        self.dtype = np.dtype(self.meta["dtype"])
-        self.n_codebooks = self.meta["n_codebooks"]
-        self._claim_folder()
-        self.index, entries, _ = _committed_state(self.root)
-        self.entries: list[ShardEntry] = entries
-        self.done: dict[str, ShardEntry] = {e.path: e for e in entries}
-        self._clean_leftovers()
-        self._pending: list[ShardEntry] = []
-        self._pending_paths: set[str] = set()
-        self._pending_frames = 0
-        self._pending_file = None
-        self._current: dict | None = None
-
-    def _claim_folder(self) -> None:
-        if self.root.exists() and not self.root.is_dir():
-            raise TokenShardError(f"{self.root} exists and is not a folder")
-        if (self.root / CODEC_JSON).exists():
-            old = read_codec_json(self.root)
-            if old["fingerprint"] != self.meta["fingerprint"] or old["n_codebooks"] != self.n_codebooks \
-                    or old["codebook_size"] != self.meta["codebook_size"]:
-                raise TokenShardError(
-                    f"{self.root} already holds tokens from another codec (fingerprint {old['fingerprint'][:16]}, "
-                    f"N_c={old['n_codebooks']}, |V|={old['codebook_size']}); this codec is "
-                    f"{self.meta['fingerprint'][:16]} (N_c={self.n_codebooks}, |V|={self.meta['codebook_size']}). "
-                    "Tokens of two codecs must never mix: use a new output folder.")
-            return
-        if self.root.is_dir() and any(self.root.iterdir()):
-            raise TokenShardError(f"{self.root} is not empty and is not a token folder; choose a new output folder")
-        (self.root / SHARD_DIR).mkdir(parents=True, exist_ok=True)
-        atomic_write_json(self.root / CODEC_JSON, self.meta)
-
-    def _clean_leftovers(self) -> None:
-        shard_dir = self.root / SHARD_DIR
-        shard_dir.mkdir(parents=True, exist_ok=True)
-        keep = {row["shard"] for row in self.index}
-        for p in shard_dir.iterdir():
-            if p.name.startswith(".") or (_SHARD_NAME.match(p.name) and p.name not in keep):
-                p.unlink()
-        with contextlib.suppress(FileNotFoundError):
-            committed = "".join(_line(row) + "\n" for row in self.index)
-            if (self.root / INDEX).read_text(encoding="utf-8") != committed:
-                atomic_write_text(self.root / INDEX, committed)
-        for p in self.root.iterdir():
-            if p.name.startswith(".") and ".tmp-" in p.name:
-                p.unlink()
-
-    # -- per file ----------------------------------------------------------------------------
-    def begin(self, path: str, size: int, mtime_ns: int) -> None:
-        if self._current is not None:
-            raise RuntimeError(f"begin({path!r}) while {self._current['path']!r} is still open")
-        if path in self.done or path in self._pending_paths:
-            raise ValueError(f"{path!r} is already in the token folder")
-        if self._pending_file is None:
-            self._pending_file = open(self._pending_path(), "wb")
-        self._current = {"path": path, "size": int(size), "mtime_ns": int(mtime_ns), "n_frames": 0,
-                         "start_byte": self._pending_file.tell()}
-
-    def write(self, rows: np.ndarray) -> None:
-        """Append token rows [n, N_c] (ints in 0 .. |V|-1) to the open file."""
-        if self._current is None:
-            raise RuntimeError("write() without begin()")
-        rows = np.asarray(rows)
-        if rows.ndim != 2 or rows.shape[1] != self.n_codebooks:
-            raise ValueError(f"rows must be [frames, {self.n_codebooks}], got {list(rows.shape)}")
-        if rows.size and (rows.min() < 0 or rows.max() >= self.meta["codebook_size"]):
-            raise ValueError(f"token ids must lie in 0..{self.meta['codebook_size'] - 1}")
-        self._pending_file.write(np.ascontiguousarray(rows, dtype=self.dtype).tobytes())
-        self._current["n_frames"] += rows.shape[0]
-
-    def abort(self) -> None:
-        """Forget the open file's rows (e.g. its audio turned out to be corrupt halfway)."""
-        if self._current is None:
-            return
-        self._pending_file.truncate(self._current["start_byte"])
-        self._pending_file.seek(self._current["start_byte"])
-        self._current = None
-
-    def end(self, seconds: float) -> ShardEntry:
-        cur, self._current = self._current, None
-        if cur is None:
-            raise RuntimeError("end() without begin()")
-        if cur["n_frames"] == 0:
-            raise ValueError(f"{cur['path']!r}: no token frames were written")
-        entry = ShardEntry(path=cur["path"], shard=shard_name(len(self.index)), offset=self._pending_frames,
-                           n_frames=cur["n_frames"], seconds=float(seconds), size=cur["size"],
-                           mtime_ns=cur["mtime_ns"])
-        self._pending.append(entry)
-        self._pending_paths.add(entry.path)
-        self._pending_frames += entry.n_frames
-        if self._pending_frames >= self.shard_frames:
-            self.seal()
-        return entry
-
-    def add(self, path: str, tokens: np.ndarray, *, seconds: float, size: int = 0, mtime_ns: int = 0) -> ShardEntry:
-        """One file in one call: tokens [frames, N_c]."""
-        self.begin(path, size, mtime_ns)
-        try:
-            self.write(tokens)
-        except BaseException:
-            self.abort()
-            raise
-        return self.end(seconds)
-
-    # -- sealing -----------------------------------------------------------------------------
-    def _pending_path(self) -> Path:
-        return self.root / SHARD_DIR / f".pending-{len(self.index):05d}.raw"
-
-    def seal(self) -> None:
-        """Write the pending rows as the next shard and commit its entries (see module docstring)."""
-        if self._current is not None:
-            raise RuntimeError(f"seal() while {self._current['path']!r} is open")
-        if not self._pending:
-            return
-        name = shard_name(len(self.index))
-        raw_path = self._pending_path()
-        self._pending_file.close()
-        self._pending_file = None
-        dest = self.root / SHARD_DIR / name
-        with atomic_path(dest) as tmp:
-            with open(tmp, "wb") as out, open(raw_path, "rb") as src:
-                header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
-                          "shape": (self._pending_frames, self.n_codebooks)}
-                np.lib.format.write_array_header_1_0(out, header)
-                while block := src.read(_COPY_BLOCK):
-                    out.write(block)
-        raw_path.unlink()
-        lines = [_entry_line(e) for e in self._pending]
-        row = {"shard": name, "n_frames": self._pending_frames, "bytes": dest.stat().st_size,
-               "sha256": _file_sha(dest), "entries_sha256": _lines_sha(lines)}
-        self.index.append(row)
-        atomic_write_text(self.root / INDEX, "".join(_line(r) + "\n" for r in self.index))
-        self.entries.extend(self._pending)
-        self.done.update((e.path, e) for e in self._pending)
-        atomic_write_text(self.root / MANIFEST, "".join(_entry_line(e) + "\n" for e in self.entries))
-        self._pending, self._pending_paths, self._pending_frames = [], set(), 0
-
-    def close(self) -> None:
-        """Seal what is pending. The folder is then complete and readable."""
-        if self._current is not None:
-            self.abort()
-        self.seal()
-        if not (self.root / MANIFEST).exists():
-            atomic_write_text(self.root / MANIFEST, "")
-            atomic_write_text(self.root / INDEX, "")
-
-    def discard(self) -> None:
-        """Drop pending (unsealed) rows, e.g. on an error; committed shards stay."""
-        self._current = None
-        self._pending, self._pending_paths, self._pending_frames = [], set(), 0
-        if self._pending_file is not None:
-            self._pending_file.close()
-            self._pending_file = None
-            self._pending_path().unlink(missing_ok=True)
-
-
-def write_errors(out_dir: str | os.PathLike, errors: Iterable[Mapping[str, Any]]) -> None:
-    """Rewrite OUT/errors.jsonl atomically, sorted by path: [{"path", "reason", ...}]."""
-    rows = sorted(errors, key=lambda r: r["path"])
-    atomic_write_text(Path(out_dir) / ERRORS, "".join(_line(r) + "\n" for r in rows))
-
-
 def read_errors(out_dir: str | os.PathLike) -> list[dict]:
     return [obj for _, obj in _read_jsonl(Path(out_dir) / ERRORS)]
-
-
-def write_token_corpus(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], codec_meta: Mapping[str, Any],
-                       *, shard_frames: int = DEFAULT_SHARD_FRAMES) -> TokenShards:
-    """Build a complete token folder in one call (tests, synthetic data, conversions).
-
-    arrays: relative path -> tokens [frames, N_c]; written in the mapping's order. `seconds` of
-    each entry is frames / frame_rate. Returns the opened folder.
-    """
-    writer = ShardWriter(out_dir, codec_meta, shard_frames=shard_frames)
-    try:
-        for path, tokens in arrays.items():
-            writer.add(path, tokens, seconds=len(tokens) / float(codec_meta["frame_rate"]))
-        writer.close()
-    except BaseException:
-        writer.discard()
-        raise
-    write_errors(out_dir, [])
-    return TokenShards.open(out_dir)

@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader
 
 from lm.data import (StreamPosition, TokenDataModule, TokenFiles, TrainWindowStream, ValidWindows, hash_fraction,
                      select_split)
-from rvqlm_core.token_shards import TokenShards, write_token_corpus
+from rvqlm_core.shard_writer import write_token_corpus
+from rvqlm_core.token_shards import TokenShards
 
 FINGERPRINT = "5a" * 32
 

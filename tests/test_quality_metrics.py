@@ -388,7 +388,7 @@ def test_continuation_nll_past_the_context_scores_the_last_window():
 
 def _token_folder(root: Path, codec, lengths: dict[str, int]):
     from codec.tokenize import codec_meta
-    from rvqlm_core.token_shards import write_token_corpus
+    from rvqlm_core.shard_writer import write_token_corpus
 
     g = np.random.default_rng(0)
     arrays = {path: g.integers(0, codec.codebook_size, (n, codec.n_codebooks)).astype(np.uint16)

@@ -7,16 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from rvqlm_core.token_shards import (
-    ShardEntry,
-    ShardWriter,
-    TokenShardError,
-    TokenShards,
-    read_errors,
-    token_dtype,
-    write_errors,
-    write_token_corpus,
-)
+from rvqlm_core.shard_writer import ShardWriter, write_errors, write_token_corpus
+from rvqlm_core.token_shards import ShardEntry, TokenShardError, TokenShards, read_errors, token_dtype
 
 META = {"fingerprint": "f" * 64, "n_codebooks": 4, "codebook_size": 1024, "frame_rate": 50.0,
         "sample_rate": 16000, "codec_config": {"hop_length": 320}}
