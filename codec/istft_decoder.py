@@ -1,36 +1,19 @@
 """A frame-rate decoder that predicts a spectrogram and inverts it: ConvNeXt blocks + inverse STFT.
 
-The SEANet decoder (codec/modules.py) synthesises the waveform with transposed convolutions that
-run at up to the full sample rate; on a CPU its small convolutions at 16 kHz cost most of a
-training step, and it learns harmonic structure slowly. This decoder follows Vocos (Siuzdak 2023)
-and WavTokenizer: every layer runs at the codec's frame rate (50 Hz by default) as a stack of
-ConvNeXt blocks; a linear head predicts, per frame, `r = hop_length / istft_hop` short-time
-spectra (log-magnitude and phase per bin, `n_fft = 4 * istft_hop` unless set), and `torch.istft` overlap-adds
-them into the waveform. Pitch harmonics are then a matter of putting energy in the right bins,
-which a frame-rate network learns quickly, and the heavy work is a few large matrix products per
-frame instead of thousands of tiny convolutions per second of audio.
+Every layer runs at the codec's frame rate as a stack of ConvNeXt blocks; a linear head predicts,
+per frame, `r = hop_length / istft_hop` short-time spectra (log-magnitude and phase per bin,
+`n_fft = 4 * istft_hop` unless set), and `torch.istft` overlap-adds them into the waveform.
 
     z [B, latent_dim, T] -> ConvNeXt x n_layers at T -> head [B, C * r * 2 * (n_fft/2+1), T]
       -> spectra [B*C, n_fft/2+1, T * r] -> istft(hop=istft_hop, center) -> wav [B, C, T * hop_length]
 
-Phase: with `phase="angle"` (as in Vocos) the head emits one free angle per bin. With
-`phase="angle_vector"` it also emits a 2-D vector (x, y) per bin and the phase is
-angle + atan2(y, x): a rotation that gradient descent can turn smoothly in any direction (APNet's
-"parallel" phase estimation) instead of pushing a raw angle across the wrap. `from_angle_head`
-builds such a head from a trained angle head with x = 1, y = 0, so it starts out as exactly that
-decoder (a decoder-only fine-tune can then learn phase corrections).
+Phase: `phase="angle"` emits one free angle per bin; `phase="angle_vector"` also emits a 2-D
+vector (x, y) per bin and the phase is angle + atan2(y, x). `from_angle_head` builds such a head
+from a trained angle head with x = 1, y = 0, so it starts out as exactly that decoder.
 
-Window length: the default n_fft = 4 * istft_hop (20 ms at 16 kHz, 50 Hz bins) does not resolve
-the harmonics of a low voice (100 Hz apart: two bins, inside one Hann main lobe): the pitch then
-lives in the phases of neighbouring bins and frames, which a decoder trained on magnitude losses
-does not learn, and for such a voice its output is a noise-excited spectral envelope (no
-harmonics in a 64 ms spectrogram). Vocos uses a 43 ms window; `n_fft=640` (40 ms, 25 Hz bins) puts each harmonic in
-bins of its own, where a magnitude can carry it.
-
-Causality: with `causal=True` the depthwise convolutions see only past frames. The inverse STFT
-itself adds a look-ahead of at most `n_fft / 2` samples (a centred window of the next short frame
-overlaps the end of the current one): 10 ms with the defaults, 20 ms with n_fft = 640. The
-encoder, which decides the tokens, is unaffected.
+Causality: with `causal=True` the depthwise convolutions see only past frames; the inverse STFT
+adds a look-ahead of at most `n_fft / 2` samples. The encoder, which decides the tokens, is
+unaffected. Why this design and its window length: docs/codec.md, docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -84,7 +67,7 @@ class ISTFTDecoder(nn.Module):
     dim / n_layers / hidden: the ConvNeXt stack's width, depth and MLP width. istft_hop must
     divide hop_length; each latent frame predicts hop_length / istft_hop spectra of
     n_fft points (default 4 * istft_hop: Hann window, 75 % overlap). Magnitudes are exp(log-magnitude)
-    clipped at 100 (as in Vocos), phases are free angles (`phase="angle"`) or free angles turned by
+    clipped at 100, phases are free angles (`phase="angle"`) or free angles turned by
     the direction of a predicted vector (`phase="angle_vector"`; see the module doc).
     """
 

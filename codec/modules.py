@@ -108,8 +108,7 @@ class SEANetEncoder(nn.Module):
 
     conv(k=7) to `base_channels`, then per stride s: residual units (dilations 1, 3, 9), ELU and a
     strided conv (kernel 2s) that doubles the channels; ELU and a final conv to `latent_dim`.
-    full_rate_residuals=False leaves out the residual units of the first level, which run at the
-    full sample rate and cost most of a CPU encoder's time for little capacity.
+    full_rate_residuals=False leaves out the residual units of the first level (at the full sample rate).
     """
 
     def __init__(self, channels: int = 1, latent_dim: int = 128, base_channels: int = 16,
@@ -172,7 +171,7 @@ class SEANetDecoder(nn.Module):
 
     Mirror of the encoder: conv(k=7) to `base_channels * 2**len(strides)`, then per stride (in
     reverse order) ELU, a transposed conv (kernel 2s) that halves the channels, residual units;
-    ELU and a final conv to `channels`. No output non-linearity (as in EnCodec).
+    ELU and a final conv to `channels`. No output non-linearity.
     """
 
     def __init__(self, channels: int = 1, latent_dim: int = 128, base_channels: int = 32,

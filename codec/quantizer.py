@@ -1,6 +1,7 @@
 """Residual vector quantizer (RVQ) with EMA codebooks, k-means init, dead-code revival and dropout.
 
-The formula (docs/theory.md, seed 002; codes counted from 0 here): with codebooks V_1..V_{N_c} of |V| vectors,
+The formula (docs/theory.md, seed 002; codes counted from 0 here): with codebooks V_1..V_{N_c}
+of |V| vectors,
 
     r_1 = e,    i_c = argmin_i |r_c - e_i^(c)|,    q_c = e_{i_c}^(c),    r_{c+1} = r_c - q_c
 

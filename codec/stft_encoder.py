@@ -1,23 +1,17 @@
 """A frame-rate encoder that reads a short-time spectrum: STFT + ConvNeXt blocks.
 
-The SEANet encoder (codec/modules.py) must stay narrow on a CPU (8 base channels: its convolutions
-run at up to the full sample rate), and with it the codec's unquantized latent reconstructs no
-better than four of its eight codebooks (`benchmarks/codec_bottleneck.py`): the encoder, not the
-bitrate, limits quality. This encoder mirrors the iSTFT decoder (codec/istft_decoder.py): a fixed
-STFT turns the waveform into short spectra (n_fft = 4 * stft_hop, Hann window, a new spectrum every
-stft_hop samples), each codec frame stacks its `r = hop_length / stft_hop` spectra into one vector,
-and every learned layer runs at the frame rate (50 Hz by default) as wide matrix products.
+A fixed STFT turns the waveform into short spectra (n_fft = 4 * stft_hop, Hann window, one every
+stft_hop samples), compressed as |X|^0.3 * X / |X|; each codec frame stacks its
+`r = hop_length / stft_hop` spectra into one vector, and every learned layer runs at the frame rate.
 
-    wav [B, C, S] -> spectra [B, C * 2 * (n_fft/2+1), S / stft_hop]   (power-law compressed re, im)
+    wav [B, C, S] -> spectra [B, C * 2 * (n_fft/2+1), S / stft_hop]   (compressed re, im)
       -> stack r per frame [B, C * r * 2 * (n_fft/2+1), T] -> Linear -> ConvNeXt x n_layers -> Linear
       -> z [B, latent_dim, T]   (T = S / hop_length)
 
-The STFT is a strided convolution with a fixed DFT basis, so the receptive-field arithmetic of
-the other encoders applies (`frame_span`). With `causal=True` each spectrum's window ends at the
-last sample of its stft_hop block and the depthwise convolutions see only past frames, so frame
-t depends only on samples < (t + 1) * hop_length (no look-ahead). Spectra are compressed as
-|X|^0.3 * X / |X| (the magnitude compression of speech enhancement models): the network sees
-phase and a tamed dynamic range without a log's blow-up at silence.
+The STFT is a strided convolution with a fixed DFT basis, so `frame_span` is exact. With
+`causal=True` each window ends at the last sample of its stft_hop block and the depthwise
+convolutions see only past frames: frame t depends only on samples < (t + 1) * hop_length.
+Why this encoder, and how it fared: docs/codec.md (`encoder`), docs/experiments.md.
 """
 
 from __future__ import annotations
