@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rvqlm_core.settings import settings_from_dict
+
 ENCODERS = ("seanet", "stft")
 DECODERS = ("seanet", "istft")
 ISTFT_PHASES = ("angle", "angle_vector")
@@ -139,15 +141,6 @@ class CodecConfig:
         return {k: v for k, v in settings.items() if k not in unused}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], *, source: str = "config") -> "CodecConfig":
-        """Build from a dict, refusing unknown keys by name (a typo must not silently become a default)."""
-        if not isinstance(d, dict):
-            raise ValueError(f"{source}: expected a JSON object of codec settings, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"{source}: unknown codec config keys {unknown}; known keys: {sorted(known)}")
-        try:
-            return cls(**d)
-        except TypeError as e:
-            raise ValueError(f"{source}: invalid codec config ({e})") from None
+    def from_dict(cls, d: dict[str, Any], *, source: str = "codec config") -> "CodecConfig":
+        """Build from a dict of the fields, refusing unknown keys by name."""
+        return settings_from_dict(cls, d, source)

@@ -24,7 +24,7 @@ import torchaudio.functional as AF
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from codec.audio import AUDIO_SUFFIXES, audio_info, load_audio
-from rvqlm_core.batch_stream import StreamLoader, StreamPosition, worker_share
+from rvqlm_core.batch_stream import BatchStream, StreamLoader, StreamPosition
 
 
 def list_audio_files(folder: str | os.PathLike) -> list[Path]:
@@ -120,38 +120,19 @@ class RandomCropDataset(_CropDataset):
         return self._load(*self.file_and_offset(i), self.speed(i))
 
 
-class CropBatchStream(IterableDataset):
-    """Training batches [B, C, crop] from `position.consumed_batches` on, to the end of the epoch.
-
-    Rank r's batch b holds crops ``(b * world_size + r) * batch_size + j`` of the RandomCropDataset
-    (DDP ranks read disjoint crops); an epoch is `batches_per_epoch` batches. DataLoader workers
-    take batches round-robin.
-    """
+class CropBatchStream(BatchStream):
+    """Training batches {"audio": [B, C, crop], "batch_index"}: rank r's batch b holds crops
+    ``(b * world_size + r) * batch_size + j`` of the RandomCropDataset (see BatchStream)."""
 
     def __init__(self, crops: RandomCropDataset, batch_size: int, batches_per_epoch: int, rank: int = 0,
                  world_size: int = 1, position: StreamPosition | None = None):
-        if batch_size < 1 or batches_per_epoch < 1:
-            raise ValueError(f"batch_size and batches_per_epoch must be >= 1, got {batch_size}, {batches_per_epoch}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside world size {world_size}")
-        self.crops, self.batch_size, self.batches_per_epoch = crops, batch_size, batches_per_epoch
-        self.rank, self.world_size = rank, world_size
-        self.position = position or StreamPosition()
-
-    def __len__(self) -> int:
-        return self.batches_per_epoch
+        super().__init__(batch_size, batches_per_epoch, rank, world_size, position)
+        self.crops = crops
 
     def batch(self, batch_index: int) -> dict[str, torch.Tensor]:
-        first = (batch_index * self.world_size + self.rank) * self.batch_size
+        first = self.first_sample(batch_index)
         audio = torch.stack([self.crops[first + j] for j in range(self.batch_size)])
         return {"audio": audio, "batch_index": torch.tensor(batch_index)}
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        start = self.position.consumed_batches
-        end = (start // self.batches_per_epoch + 1) * self.batches_per_epoch
-        worker, n_workers = worker_share()
-        for batch_index in range(start + worker, end, n_workers):
-            yield self.batch(batch_index)
 
 
 class FixedCropDataset(_CropDataset):

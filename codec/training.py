@@ -32,22 +32,21 @@ from codec.losses import MultiScaleMelLoss, PhaseDerivativeLoss, mel_distance, s
 from codec.config import DECODER_SETTINGS, CodecConfig
 from codec.model import DISCRIMINATOR_NAME, Codec
 from codec.training_config import Adversarial, Losses, Optimization, as_settings, settings_dict
-from rvqlm_core.rng_state import get_rng_state, set_rng_state
+from rvqlm_core.rng_state import ResumesRngState
 
 
 class StepScheduleLR(torch.optim.lr_scheduler.LambdaLR):
-    """LambdaLR whose factor is a method of the module (rebuilt from the run's settings, never
-    pickled), and that also resumes checkpoints written while the schedule was an ExponentialLR."""
+    """LambdaLR whose factor is a method of the module: rebuilt from the run's settings, never pickled."""
 
     def state_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        state = {k: v for k, v in state_dict.items() if k not in ("lr_lambdas", "gamma")}
+        state = {k: v for k, v in state_dict.items() if k != "lr_lambdas"}
         self.__dict__.update(state)
 
 
-class CodecModule(L.LightningModule):
+class CodecModule(ResumesRngState, L.LightningModule):
     """The codec plus its losses (and optional discriminator), trained on batches wav [B, C, S].
 
     codec: the architecture (a CodecConfig, or a dict of its fields as checkpoints store it).
@@ -84,7 +83,6 @@ class CodecModule(L.LightningModule):
                                                  period_filters=adv.period_filters) if adv.enabled else None)
         self._last_step_end: float | None = None
         self._originals_written = False
-        self._rng_to_restore: dict | None = None
         if train_decoder_only and init_from is None:
             raise ValueError("train_decoder_only needs init_from: a trained codec whose encoder and "
                              "quantizer (its tokens) the decoder is fine-tuned for")
@@ -159,19 +157,6 @@ class CodecModule(L.LightningModule):
             self.clip_gradients(optimizer, gradient_clip_val=self.optim.grad_clip, gradient_clip_algorithm="norm")
         (optimizer if counted else optimizer.optimizer).step()
         scheduler.step()
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rng_states"] = get_rng_state()  # quantizer dropout and code revival draw from it
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self._rng_to_restore = checkpoint.get("rng_states")
-
-    def on_train_start(self) -> None:
-        if self._rng_to_restore is not None:
-            set_rng_state(self._rng_to_restore)
-            self._rng_to_restore = None
 
     # ------------------------------------------------------------------ training
 

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, TypeVar, Union
 
+from rvqlm_core.settings import settings_from_dict
+
 T = TypeVar("T")
 
 
@@ -118,12 +120,7 @@ def as_settings(cls: type[T], value: Any) -> T:
         return value
     if value is None:
         return cls()
-    if not isinstance(value, dict):  # e.g. a checkpoint written before the settings were grouped
-        raise ValueError(f"expected {cls.__name__} settings (a dict of its fields), got {value!r}")
-    unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} settings: {', '.join(unknown)}")
-    return cls(**value)
+    return settings_from_dict(cls, value, "training settings")
 
 
 def settings_dict(settings: Any) -> dict:

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rvqlm_core.settings import settings_from_dict
+
 NORMS = ("rmsnorm", "layernorm")
 FFNS = ("swiglu", "gelu", "relu")
 POSITIONS = ("rope", "sinusoidal", "learned")
@@ -120,14 +122,6 @@ class LMConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LMConfig":
-        if not isinstance(data, dict):
-            raise ValueError(f"an LM config must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown LMConfig field(s): {', '.join(unknown)}")
-        try:
-            return cls(**data)
-        except TypeError as e:  # a wrong type that the comparisons in __post_init__ trip over
-            raise ValueError(f"invalid LMConfig: {e}") from e
+    def from_dict(cls, data: dict[str, Any], source: str = "LM config") -> "LMConfig":
+        """Build from a dict of the fields, refusing unknown keys by name."""
+        return settings_from_dict(cls, data, source)

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from rvqlm_core.batch_stream import StreamLoader, StreamPosition, worker_share
+from rvqlm_core.batch_stream import BatchStream, StreamLoader, StreamPosition, worker_share
 from rvqlm_core.token_shards import TokenShards
 
 SplitBy = Literal["prefix", "hash"]
@@ -153,37 +153,25 @@ class _WindowReader:
                 "frame_mask": torch.from_numpy(mask)}
 
 
-class TrainWindowStream(IterableDataset):
-    """Random training windows, yielded as whole batches, from `position.consumed_batches` on.
+class TrainWindowStream(BatchStream):
+    """Random training windows, yielded as whole batches (see BatchStream for ranks, epochs, workers).
 
     Sample i of the run (counted over all ranks) is drawn by ``np.random.default_rng([seed, i])``;
-    rank r's batch b holds samples ``(b * world_size + r) * batch_size + j``. One epoch is
-    `batches_per_epoch` batches; the stream never repeats a sample index.
+    the stream never repeats a sample index.
     """
 
     def __init__(self, files: TokenFiles, n_codebooks: int, window_frames: int, batch_size: int,
                  batches_per_epoch: int, seed: int = 0, rank: int = 0, world_size: int = 1,
                  position: StreamPosition | None = None):
-        if window_frames < 1 or batch_size < 1 or batches_per_epoch < 1:
-            raise ValueError("window_frames, batch_size and batches_per_epoch must be >= 1, got "
-                             f"{window_frames}, {batch_size}, {batches_per_epoch}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        if window_frames < 1:
+            raise ValueError(f"window_frames must be >= 1, got {window_frames}")
+        super().__init__(batch_size, batches_per_epoch, rank, world_size, position)
         self.files = files
         self.reader = _WindowReader(files.tokens_dir)
         self.n_codebooks = n_codebooks
         self.window_frames = window_frames
-        self.batch_size = batch_size
-        self.batches_per_epoch = batches_per_epoch
         self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
-        self.position = position or StreamPosition()
         self._cum_frames = np.cumsum(np.asarray(files.n_frames, dtype=np.int64))
-
-    def __len__(self) -> int:
-        # Batches per epoch: the DataLoader (batch_size=None) reports this as its length.
-        return self.batches_per_epoch
 
     def sample_span(self, sample_index: int) -> tuple[int, int, int]:
         """(entry index, start, length) of sample `sample_index`: a pure function of (seed, index)."""
@@ -197,19 +185,11 @@ class TrainWindowStream(IterableDataset):
 
     def batch(self, batch_index: int) -> dict[str, torch.Tensor]:
         """Rank batch `batch_index` of the stream."""
-        first = (batch_index * self.world_size + self.rank) * self.batch_size
+        first = self.first_sample(batch_index)
         spans = [self.sample_span(first + j) for j in range(self.batch_size)]
         out = self.reader.read_batch(spans, self.window_frames, self.n_codebooks)
         out["batch_index"] = torch.tensor(batch_index)
         return out
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        start = self.position.consumed_batches
-        end = (start // self.batches_per_epoch + 1) * self.batches_per_epoch  # the rest of this epoch
-        worker, n_workers = worker_share()
-        # DataLoader workers hand out batches round-robin, so worker w yields batches w, w+n, ...
-        for batch_index in range(start + worker, end, n_workers):
-            yield self.batch(batch_index)
 
 
 class ValidWindows(IterableDataset):

@@ -37,7 +37,7 @@ from lm.config import LMConfig
 from lm.data import TokenDataModule, TokenFiles, ValidWindows
 from lm.model import MultiCodebookLM
 from rvqlm_core.atomic import atomic_path
-from rvqlm_core.rng_state import get_rng_state, set_rng_state
+from rvqlm_core.rng_state import ResumesRngState
 
 # ---- measurement ------------------------------------------------------------------------------------
 
@@ -93,7 +93,7 @@ def check_fingerprint(lm_fingerprint: str | None, tokens_fingerprint: str | None
 
 # ---- the LightningModule ----------------------------------------------------------------------------
 
-class LMTrainingModule(pl.LightningModule):
+class LMTrainingModule(ResumesRngState, pl.LightningModule):
     """Next-token training of a MultiCodebookLM on token windows (see `lm.data.TokenDataModule`).
 
     Args:
@@ -127,7 +127,6 @@ class LMTrainingModule(pl.LightningModule):
         if init_from is not None:
             self._load_initial_weights(init_from)
         self.matmul_peak: float | None = None
-        self._rng_to_restore: dict | None = None
         self._last_batch_end: float | None = None
         self._val_nll: Tensor | None = None
         self._val_count: Tensor | None = None
@@ -157,9 +156,7 @@ class LMTrainingModule(pl.LightningModule):
             self.matmul_peak = measure_matmul_peak()
 
     def on_train_start(self) -> None:
-        if self._rng_to_restore is not None:
-            set_rng_state(self._rng_to_restore)
-            self._rng_to_restore = None
+        super().on_train_start()  # the resumed run's RNG state
         self._last_batch_end = None
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
@@ -225,9 +222,6 @@ class LMTrainingModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["rng_states"] = get_rng_state()
-
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("hyper_parameters", {}).get("config")
         if saved is not None:
@@ -237,7 +231,7 @@ class LMTrainingModule(pl.LightningModule):
             changed = [f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in now if saved.get(k) != now[k]]
             if changed:
                 raise ValueError("the checkpoint's LM config differs from this run's: " + "; ".join(changed))
-        self._rng_to_restore = checkpoint.get("rng_states")
+        super().on_load_checkpoint(checkpoint)
 
     def on_fit_end(self) -> None:
         if self.hparams.export and self.trainer.is_global_zero and not self.trainer.interrupted:

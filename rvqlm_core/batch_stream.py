@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import warnings
 
-from torch.utils.data import DataLoader, get_worker_info
+from collections.abc import Iterator
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 # The streams split their batches between DataLoader workers themselves (`worker_share`), so
 # Lightning's generic warning about `__len__` on an IterableDataset does not apply.
@@ -32,6 +34,42 @@ class StreamPosition:
 
     def __init__(self, consumed_batches: int = 0):
         self.consumed_batches = consumed_batches
+
+
+class BatchStream(IterableDataset):
+    """A rank's training batches from `position.consumed_batches` to the end of that epoch.
+
+    Rank r's batch b holds samples ``(b * world_size + r) * batch_size + j`` (DDP ranks read
+    disjoint samples); an epoch is `batches_per_epoch` batches; DataLoader workers take batches
+    round-robin. Subclasses say what batch b is (`batch`).
+    """
+
+    def __init__(self, batch_size: int, batches_per_epoch: int, rank: int = 0, world_size: int = 1,
+                 position: StreamPosition | None = None):
+        if batch_size < 1 or batches_per_epoch < 1:
+            raise ValueError(f"batch_size and batches_per_epoch must be >= 1, got {batch_size}, {batches_per_epoch}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        self.batch_size, self.batches_per_epoch = batch_size, batches_per_epoch
+        self.rank, self.world_size = rank, world_size
+        self.position = position or StreamPosition()
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch  # what the DataLoader (batch_size=None) reports as its length
+
+    def first_sample(self, batch_index: int) -> int:
+        """The run-wide index of the first sample of this rank's batch `batch_index`."""
+        return (batch_index * self.world_size + self.rank) * self.batch_size
+
+    def batch(self, batch_index: int) -> dict:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[dict]:
+        start = self.position.consumed_batches
+        end = (start // self.batches_per_epoch + 1) * self.batches_per_epoch  # the rest of this epoch
+        worker, n_workers = worker_share()
+        for batch_index in range(start + worker, end, n_workers):
+            yield self.batch(batch_index)
 
 
 class StreamLoader(DataLoader):

@@ -152,3 +152,4 @@ def load_state(model: nn.Module, found: dict[str, torch.Tensor], source: str | o
     if problems:
         raise ValueError(f"{source} does not match its {CONFIG_FILE}: " + "; ".join(problems[:8]))
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in found.items()}, strict=True)
+

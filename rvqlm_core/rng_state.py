@@ -27,3 +27,21 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss_next))
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+
+
+class ResumesRngState:
+    """Lightning hooks that save the RNG state in each checkpoint and put it back when a resumed
+    fit starts training. Mix in before LightningModule; overrides call super()."""
+
+    _rng_to_restore: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rng_states"] = get_rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._rng_to_restore = checkpoint.get("rng_states")
+
+    def on_train_start(self) -> None:
+        if self._rng_to_restore is not None:
+            set_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None

@@ -200,7 +200,7 @@ def test_from_pretrained_errors(codec, tmp_path):
     # below reach the config checks.
     save_file(load_file(str(path / WEIGHTS_FILE)), str(path / WEIGHTS_FILE))
     (path / CONFIG_FILE).write_text(json.dumps({**cfg, "n_codebook": 3}))
-    with pytest.raises(ValueError, match="unknown codec config keys \\['n_codebook'\\]"):
+    with pytest.raises(ValueError, match="unknown CodecConfig settings \\['n_codebook'\\]"):
         Codec.from_pretrained(path)
     (path / CONFIG_FILE).write_text(json.dumps({**cfg, "latent_dim": 8}))  # weights no longer fit
     with pytest.raises(ValueError, match="does not match its config.json.*shape"):

@@ -327,21 +327,6 @@ def test_learning_rate_cooldown_schedule_and_resume_with_new_settings(tmp_path, 
     assert all(lr <= base + 1e-12 for lr in lrs.values()) and min(lrs.values()) < base
 
 
-def test_schedules_of_checkpoints_written_with_an_exponential_lr_still_load():
-    from codec.training import StepScheduleLR
-
-    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    old = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=1.0)
-    for _ in range(5):
-        opt.step()
-        old.step()
-    module = CodecModule(TINY, optim=Optimization(lr=1e-3, decay_start=0, decay_steps=10))
-    new = StepScheduleLR(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3), module.lr_factor)
-    new.load_state_dict(old.state_dict())
-    assert new.last_epoch == 5 and "gamma" not in new.__dict__
-    assert set(new.state_dict()) >= {"last_epoch", "base_lrs"}
-
-
 def test_init_from_a_saved_codec_continues_its_weights_and_refuses_another_architecture(tmp_path, corpus_dir):
     assert _run(tmp_path / "a", corpus_dir, "--trainer.max_steps", "2") == 0
     saved = tmp_path / "a" / "codec_tiny" / "version_0" / "pretrained"
@@ -481,9 +466,9 @@ def test_training_settings_check_their_values_and_read_back_from_checkpoints():
         Optimization(betas=[0.9])
     with pytest.raises(ValueError, match="decay_steps >= 1"):
         Optimization(decay_steps=0)
-    with pytest.raises(ValueError, match="unknown Losses settings: lr"):
+    with pytest.raises(ValueError, match="unknown Losses settings \\[.lr.\\]"):
         as_settings(Losses, {"lr": 1e-3})
-    with pytest.raises(ValueError, match="expected Adversarial settings"):
+    with pytest.raises(ValueError, match="expected a JSON object of Adversarial settings"):
         as_settings(Adversarial, True)
     module = CodecModule(TINY, losses=Losses(mel_n_ffts=(256, 1024), loudness_weight=2.0),
                          adversarial=Adversarial(enabled=True, filters=4, periods=(2,)), optim=Optimization(lr=1e-3))

@@ -359,7 +359,7 @@ def test_config_validation():
         LMConfig(n_heads=4, n_kv_heads=3)
     with pytest.raises(ValueError, match="norm must be one of"):
         LMConfig(norm="batchnorm")
-    with pytest.raises(ValueError, match="unknown LMConfig field"):
+    with pytest.raises(ValueError, match="unknown LMConfig settings"):
         LMConfig.from_dict({"n_layer": 3})
     assert LMConfig.from_dict(tiny().to_dict()) == tiny()
 
