@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from lm.config import LMConfig
 from lm.kv_cache import KVCache
-from lm.rope import RotaryEmbedding, apply_rotary  # noqa: F401  (RotaryEmbedding: importable with the other blocks)
+from lm.rope import apply_rotary
 
 
 # ---- normalisation ------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ from codec.quantizer import ResidualVectorQuantizer
 from lm import MultiCodebookLM
 from seed_helpers import tiny, randomized
 from lm.generate import generate
-from lm.layers import Attention, FeedForward, LayerNorm, RMSNorm, RotaryEmbedding, SinusoidalPositions, SwiGLU, \
-    apply_rotary, make_norm
+from lm.layers import Attention, FeedForward, LayerNorm, RMSNorm, SinusoidalPositions, SwiGLU, make_norm
+from lm.rope import RotaryEmbedding, apply_rotary
 
 
 def seed_rvq(e: list[float], codebooks: list[list[list[float]]]) -> list[int]:

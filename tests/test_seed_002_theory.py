@@ -6,7 +6,7 @@ relates to ... the one-hot encoded vectors being l1-unit vectors". docs/theory.m
 it promises that every number of its two examples is recomputed here from the code. The numbers are
 parsed out of the page, so editing a number there (or changing the code) without the other fails.
 
-RoPE comes from `lm.layers.RotaryEmbedding` / `apply_rotary` (what attention uses); cross-entropy
+RoPE comes from `lm.rope.RotaryEmbedding` / `apply_rotary` (what attention uses); cross-entropy
 goes through `MultiCodebookLM.loss`, the path training uses, on a model whose logits are pinned to
 the example's.
 """
@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from lm import LMConfig, MultiCodebookLM
-from lm.layers import Attention, RotaryEmbedding, apply_rotary
+from lm.layers import Attention
+from lm.rope import RotaryEmbedding, apply_rotary
 
 THEORY = Path(__file__).resolve().parents[1] / "docs" / "theory.md"
 NUM = r"(-?\d+(?:\.\d+)?)"
@@ -48,7 +49,7 @@ def rope_score(q: torch.Tensor, k: torch.Tensor, q_pos: int, k_pos: int, base: f
 
 
 def rotate(x: torch.Tensor, pos: int, base: float = 10000.0) -> torch.Tensor:
-    """x [d_k] rotated to position `pos` by lm.layers' RoPE (as attention applies it to [B, H, S, Dh])."""
+    """x [d_k] rotated to position `pos` by lm.rope (as attention applies it to [B, H, S, Dh])."""
     rope = RotaryEmbedding(x.shape[-1], base)
     cos, sin = rope.cos_sin(torch.tensor([pos]), torch.float64)
     return apply_rotary(x.view(1, 1, 1, -1), cos, sin).view(-1)
@@ -89,7 +90,7 @@ def example(doc) -> dict:
 
 def test_rope_example_score(doc, example):
     """theory.md, "Example (d_k = 2, one pair, theta_0 = base^0 = 1 radian)": the plain score q . k, cos 2 and
-    sin 2, R(-2) k, and the rotated score q' . k' = q^T R(-2) k, from lm.layers' RoPE."""
+    sin 2, R(-2) k, and the rotated score q' . k' = q^T R(-2) k, from lm.rope."""
     q, k, q_pos, k_pos, score = (example[key] for key in ("q", "k", "q_pos", "k_pos", "score"))
     assert RotaryEmbedding(2).inv_freq.tolist() == [1.0]  # theta_0 = base^0 = 1 radian
     (plain,) = find(doc, r"Without rotation: `q \. k = [^`]*= NUM`".replace("NUM", NUM))
