@@ -1,12 +1,14 @@
 """Codec quality on held-out real speech: our codec at every bitrate it offers against Opus and codec2.
 
     .venv/bin/python benchmarks/codec_quality.py --codec DIR [--corpus data/fillets-cs-16k] [--split test]
-        [--max-files 20] [--opus-kbps 6 8] [--codec2-modes 3200 ... 450] [--json out.json]
+        [--max-files 20] [--opus-kbps 6 8] [--codec2-modes 3200 ... 450] [--group-by-folder] [--json out.json]
 
-Needs `make bench-setup` (PESQ, STOI; ffmpeg with libopus; codec2's c2enc/c2dec). Nothing is downloaded.
+Needs `make bench-setup` (PESQ, STOI, DNSMOS; ffmpeg with libopus; codec2's c2enc/c2dec). Nothing is
+downloaded.
 
-Data: `--max-files` files of the corpus's `--split` (default test: levels never seen in training),
+Data: `--max-files` files of any prepared corpus folder's `--split` (its corpus.json; default test),
 spread evenly over its sorted file list, each at least `--min-seconds` long, read at 16 kHz mono.
+`--group-by-folder` adds the key columns per parent folder of the files (level, speaker, language).
 
 Systems (one table row each; rvqlm/roundtrips.py):
 * ours @ N_c = k for k = 1..max; kbps = `codec.bitrate_kbps(k)`, exactly the bits of the codes.
@@ -14,11 +16,14 @@ Systems (one table row each; rvqlm/roundtrips.py):
   bitrate of ours from 6 kbps up. Measured kbps = the Opus packets' bytes * 8 / duration.
 * codec2 (8 kHz narrowband; 450PWB decodes to 16 kHz) in its modes 3200..450 bit/s. Measured
   kbps = the size of the bit file, whose frames are padded to whole bytes.
+* original: the reference files themselves, DNSMOS only (the no-reference columns' reference point).
 
 Every decoded file, ours included, is aligned to the reference (`rvqlm.metrics.estimate_lag`
 within +-100 ms, then `align`); "lag ms" is the median shift of each row. Metrics are means over
-files (rvqlm/metrics.py). The goal line compares our best configuration at <= 6 kbps (highest
-PESQ, or lowest mel distance without PESQ) with Opus at 6 kbps, metric by metric.
+files (rvqlm/metrics.py): mel, SI-SDR, STOI and PESQ against the reference, DNSMOS SIG / BAK /
+OVRL / P.808 of the decoded file alone. The goal lines (issue 19): at N_c = 8 our codec is at least
+codec2 3200 on STOI, PESQ and DNSMOS OVRL, at N_c = 4 at least codec2 3200 on DNSMOS OVRL; and the
+distance from N_c = 4 to Opus 6 kbps (PESQ, STOI, OVRL).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import numpy as np
 import torch
 
 from rvqlm.cli import run_script
-from rvqlm.metrics import HIGHER_IS_BETTER, METRICS, align, estimate_lag, mean_scores, score
+from rvqlm.metrics import align, dnsmos, estimate_lag, mean_scores, score
 from rvqlm.roundtrips import (CODEC2_MODES, OPUS_FLOOR_KBPS, SAMPLE_RATE, codec2_roundtrip, opus_roundtrip,
                               ours_roundtrip, pick_files)
 
@@ -48,8 +53,8 @@ class Row:
     system: str
     setting: str
     kbps: float  # nominal
-    group: str  # "ours" | "opus" | "codec2"
-    param: int | float | str  # ours: n_q; opus: kbps; codec2: mode
+    group: str  # "ours" | "opus" | "codec2" | "original"
+    param: int | float | str | None  # ours: n_q; opus: kbps; codec2: mode
     scores: list[dict[str, float]] = field(default_factory=list)
     lags: list[int] = field(default_factory=list)
     bits: int = 0
@@ -57,11 +62,16 @@ class Row:
 
     @property
     def label(self) -> str:
-        return f"{self.system} {self.setting}"
+        return f"{self.system} {self.setting}".strip()
+
+    def add_original(self, reference: np.ndarray) -> None:
+        """The reference file's own DNSMOS (the "original" row: no bits, no lag, no pair metrics)."""
+        self.scores.append(dnsmos(reference, SAMPLE_RATE))
+        self.seconds += len(reference) / SAMPLE_RATE
 
     def add(self, reference: np.ndarray, decoded: np.ndarray, bits: int) -> None:
         lag = estimate_lag(reference, decoded, SAMPLE_RATE)
-        self.scores.append(score(reference, align(decoded, lag, len(reference)), SAMPLE_RATE))
+        self.scores.append(score(reference, align(decoded, lag, len(reference)), SAMPLE_RATE, with_dnsmos=True))
         self.lags.append(lag)
         self.bits += bits
         self.seconds += len(reference) / SAMPLE_RATE
@@ -69,7 +79,7 @@ class Row:
     def summary(self) -> dict:
         mean = mean_scores(self.scores)
         return {"system": self.system, "setting": self.setting, "group": self.group, "kbps": self.kbps,
-                "kbps_measured": self.bits / self.seconds / 1000 if self.seconds else float("nan"),
+                "kbps_measured": self.bits / self.seconds / 1000 if self.seconds and self.bits else float("nan"),
                 "lag_ms_median": float(np.median(self.lags)) * 1000 / SAMPLE_RATE if self.lags else float("nan"),
                 "files": len(self.scores), "metrics": mean.means, "metric_files": mean.counts}
 
@@ -90,14 +100,16 @@ def run_benchmark(codec, files: list[Path], opus_kbps: list[float], codec2_modes
 
     from codec.audio import load_audio
 
-    rows = [Row("ours", f"N_c={k}", codec.bitrate_kbps(k), "ours", k) for k in range(1, codec.n_codebooks + 1)]
+    rows = [Row("original", "", float("nan"), "original", None)]
+    rows += [Row("ours", f"N_c={k}", codec.bitrate_kbps(k), "ours", k) for k in range(1, codec.n_codebooks + 1)]
     rows += [Row("opus", f"{k:g}k voip", k, "opus", k) for k in opus_kbps]
     rows += [Row("codec2", mode, CODEC2_MODES[mode], "codec2", mode) for mode in codec2_modes]
     with tempfile.TemporaryDirectory(prefix="codec_quality_") as tmp:
         workdir = Path(tmp)
         for path in tqdm(files, desc="files", unit="file", disable=not progress, dynamic_ncols=True):
             reference = load_audio(path, SAMPLE_RATE, 1)[0].numpy()  # [S]
-            for row in rows:
+            rows[0].add_original(reference)
+            for row in rows[1:]:
                 if row.group == "ours":
                     rt = ours_roundtrip(codec, reference, SAMPLE_RATE, row.param)
                 elif row.group == "opus":
@@ -108,44 +120,88 @@ def run_benchmark(codec, files: list[Path], opus_kbps: list[float], codec2_modes
     return rows
 
 
-def goal_verdict(summaries: list[dict]) -> dict:
-    """Our best row at <= 6 kbps against Opus at 6 kbps, metric by metric."""
-    ours = [s for s in summaries if s["group"] == "ours" and s["kbps"] <= OPUS_FLOOR_KBPS + 1e-9]
-    opus = [s for s in summaries if s["group"] == "opus" and abs(s["kbps"] - OPUS_FLOOR_KBPS) < 1e-9]
-    if not ours or not opus:
-        return {"met": None, "line": "goal: not evaluated (needs our codec at <= 6 kbps and Opus at 6 kbps)"}
-    key = "pesq" if not all(math.isnan(s["metrics"]["pesq"]) for s in ours) else "mel"
-    sign = 1 if HIGHER_IS_BETTER[key] else -1
-    def goodness(s: dict) -> float:
-        value = s["metrics"][key]
-        return -math.inf if math.isnan(value) else sign * value
+GOAL = (("N_c=8", ("stoi", "pesq", "dnsmos_ovrl")), ("N_c=4", ("dnsmos_ovrl",)))  # >= codec2 3200 on each
+GOAL_BAR = ("codec2", "3200")
+STRETCH = ("N_c=4", ("opus", "6k voip"), ("pesq", "stoi", "dnsmos_ovrl"))  # the distance to Opus 6 kbps
+SHORT = {"mel": "mel", "si_sdr": "SI-SDR", "stoi": "STOI", "pesq": "PESQ", "dnsmos_sig": "SIG",
+         "dnsmos_bak": "BAK", "dnsmos_ovrl": "OVRL", "dnsmos_p808": "P808"}
 
-    best = max(ours, key=goodness)
-    wins, losses = [], []
-    for m in METRICS:
-        a, b = best["metrics"][m], opus[0]["metrics"][m]
-        if math.isnan(a) or math.isnan(b):
-            continue
-        better = a > b if HIGHER_IS_BETTER[m] else a < b
-        (wins if better else losses).append(m)
-    met = bool(wins) and not losses
-    line = (f"goal (beat Opus 6 kbps at <= 6 kbps): {'MET' if met else 'NOT MET'} - ours {best['setting']} "
-            f"({best['kbps']:g} kbps, best {key}) vs Opus 6 kbps: wins on {', '.join(wins) or 'nothing'}"
-            f"{'; loses on ' + ', '.join(losses) if losses else ''}")
-    return {"met": met, "ours": best["setting"], "ours_kbps": best["kbps"], "chosen_by": key, "wins": wins,
-            "losses": losses, "line": line}
+
+def _find(summaries: list[dict], group: str, setting: str) -> dict | None:
+    return next((s for s in summaries if s["group"] == group and s["setting"] == setting), None)
+
+
+def goal_verdict(summaries: list[dict]) -> dict:
+    """Issue 19's goal: ours at N_c = 8 >= codec2 3200 on STOI, PESQ and DNSMOS OVRL, ours at N_c = 4 >=
+    codec2 3200 on DNSMOS OVRL; met is None when a row or a value is missing. Also the distance
+    ours N_c = 4 - Opus 6 kbps on PESQ, STOI and OVRL (`to_opus_6k_at_n_c4`, None without both rows)."""
+    bar = _find(summaries, *GOAL_BAR)
+    checks, missing = [], []
+    for setting, metrics in GOAL:
+        ours = _find(summaries, "ours", setting)
+        for m in metrics:
+            a = ours["metrics"].get(m, math.nan) if ours else math.nan
+            b = bar["metrics"].get(m, math.nan) if bar else math.nan
+            if math.isnan(a) or math.isnan(b):
+                missing.append(f"{setting} {SHORT[m]}")
+                continue
+            checks.append({"ours": setting, "metric": m, "value": a, "codec2": b, "ok": a >= b})
+    met = None if missing else all(c["ok"] for c in checks)
+    parts = [f"{c['ours']} {SHORT[c['metric']]} {c['value']:.3f} {'>=' if c['ok'] else '<'} {c['codec2']:.3f}"
+             for c in checks]
+    state = {None: "NOT EVALUATED", True: "MET", False: "NOT MET"}[met]
+    line = (f"goal (N_c=8 >= codec2 3200 on STOI, PESQ, OVRL; N_c=4 >= codec2 3200 on OVRL): {state}"
+            f"{' - ' + '; '.join(parts) if parts else ''}{' (missing: ' + ', '.join(missing) + ')' if missing else ''}")
+    setting, (group, opus_setting), metrics = STRETCH
+    ours, opus = _find(summaries, "ours", setting), _find(summaries, group, opus_setting)
+    to_opus = None
+    if ours and opus:
+        to_opus = {m: ours["metrics"].get(m, math.nan) - opus["metrics"].get(m, math.nan) for m in metrics}
+        line += (f"\ndistance to Opus 6 kbps at {setting} (ours - Opus): "
+                 + ", ".join(f"{SHORT[m]} {d:+.3f}" for m, d in to_opus.items()))
+    return {"met": met, "checks": checks, "missing": missing, "to_opus_6k_at_n_c4": to_opus, "line": line}
+
+
+COLUMNS = (("mel", "mel v", 7, ".3f"), ("si_sdr", "SI-SDR ^", 9, ".2f"), ("stoi", "STOI ^", 7, ".3f"),
+           ("pesq", "PESQ ^", 7, ".2f"), ("dnsmos_sig", "SIG ^", 6, ".2f"), ("dnsmos_bak", "BAK ^", 6, ".2f"),
+           ("dnsmos_ovrl", "OVRL ^", 7, ".2f"), ("dnsmos_p808", "P808 ^", 7, ".2f"))
+
+
+def _cell(value: float, width: int, fmt: str) -> str:
+    return f"{'n/a':>{width}}" if value is None or math.isnan(value) else f"{value:>{width}{fmt}}"
 
 
 def format_table(summaries: list[dict], n_files: int) -> str:
-    head = (f"{'system':<22} {'kbps':>6} {'meas.':>6} {'lag ms':>7} {'mel v':>7} {'SI-SDR ^':>9} {'STOI ^':>7} "
-            f"{'PESQ ^':>7}")
+    """One line per row: kbps nominal and measured, median lag, then the COLUMNS' means (n/a: none)."""
+    head = f"{'system':<22} {'kbps':>6} {'meas.':>6} {'lag ms':>7} " + " ".join(f"{h:>{w}}" for _, h, w, _ in COLUMNS)
     lines = [head, "-" * len(head)]
     for s in summaries:
-        m = s["metrics"]
-        note = "" if min(s["metric_files"].values()) == n_files else f"  (PESQ on {s['metric_files']['pesq']} files)"
-        lines.append(f"{s['system'] + ' ' + s['setting']:<22} {s['kbps']:>6.2f} {s['kbps_measured']:>6.2f} "
-                     f"{s['lag_ms_median']:>7.2f} {m['mel']:>7.3f} {m['si_sdr']:>9.2f} {m['stoi']:>7.3f} "
-                     f"{m['pesq']:>7.2f}{note}")
+        m, counts = s["metrics"], s["metric_files"]
+        short = [SHORT[k] for k, _, _, _ in COLUMNS if 0 < counts.get(k, 0) < n_files]
+        note = f"  ({', '.join(short)} on fewer files)" if short else ""
+        lines.append(f"{(s['system'] + ' ' + s['setting']).strip():<22} {_cell(s['kbps'], 6, '.2f')} "
+                     f"{_cell(s['kbps_measured'], 6, '.2f')} {_cell(s['lag_ms_median'], 7, '.2f')} "
+                     + " ".join(_cell(m.get(k, math.nan), w, f) for k, _, w, f in COLUMNS) + note)
+    return "\n".join(lines)
+
+
+GROUP_ROWS = (("original", ""), ("ours", "N_c=4"), ("ours", "N_c=8"), ("opus", "6k voip"), ("codec2", "3200"))
+GROUP_METRICS = ("stoi", "pesq", "dnsmos_ovrl")
+
+
+def group_table(rows: list[Row], files: list[Path]) -> str:
+    """STOI / PESQ / DNSMOS OVRL of the GROUP_ROWS per parent folder of the files (speaker, language,
+    level): means over that folder's files, n/a where a value is missing."""
+    picked = [r for key in GROUP_ROWS for r in rows if (r.group, r.setting) == key]
+    head = f"{'folder':<16} {'files':>5} " + " ".join(f"{r.label:>18}" for r in picked)
+    lines = [f"per folder: {' / '.join(SHORT[m] for m in GROUP_METRICS)}", head, "-" * len(head)]
+    for g in sorted({f.parent.name for f in files}):
+        idx = [i for i, f in enumerate(files) if f.parent.name == g]
+        cells = []
+        for r in picked:
+            means = mean_scores([r.scores[i] for i in idx]).means
+            cells.append("/".join("-" if math.isnan(means[m]) else f"{means[m]:.2f}" for m in GROUP_METRICS))
+        lines.append(f"{g[:16]:<16} {len(idx):>5} " + " ".join(f"{c:>18}" for c in cells))
     return "\n".join(lines)
 
 
@@ -156,7 +212,7 @@ def tool_versions() -> dict[str, str]:
         versions["ffmpeg"] = first_line
     except OSError:
         versions["ffmpeg"] = "missing"
-    for pkg in ("pesq", "pystoi"):
+    for pkg in ("pesq", "pystoi", "speechmos", "onnxruntime"):
         try:
             from importlib.metadata import version
 
@@ -170,13 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--codec", required=True, help="a saved codec folder (Codec.save_pretrained)")
-    p.add_argument("--corpus", default="data/fillets-cs-16k", help="the prepared corpus folder")
+    p.add_argument("--corpus", default="data/fillets-cs-16k", help="a prepared corpus folder (its corpus.json)")
     p.add_argument("--split", default="test", choices=("train", "valid", "test"))
     p.add_argument("--max-files", type=int, default=20, help="files scored (evenly spread; 20: ~90 s of speech)")
     p.add_argument("--min-seconds", type=float, default=1.0, help="skip files shorter than this")
     p.add_argument("--opus-kbps", type=float, nargs="*", help="Opus bitrates (default: 6 and each of ours >= 6)")
     p.add_argument("--codec2-modes", nargs="*", default=list(CODEC2_MODES), choices=list(CODEC2_MODES))
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="torch and ONNX threads (default 1)")
+    p.add_argument("--group-by-folder", action="store_true",
+                   help="also print STOI, PESQ, OVRL per parent folder of the files (speaker, language)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -203,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({seconds:.1f} s of speech), metrics at {SAMPLE_RATE} Hz, means over files")
     print(format_table(summaries, len(files)))
     print(verdict["line"])
+    if args.group_by_folder:
+        print(group_table(rows, files))
     print(f"wall time {wall:.0f} s")
     if args.json:
         from rvqlm_core.atomic import atomic_write_json

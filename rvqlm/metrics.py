@@ -6,20 +6,24 @@ Signals are 1-D float arrays in [-1, 1] at one rate.
   the energy envelopes' cross-correlation, which also holds for decoders that make their own phase,
   then refined on the waveforms); `align` removes it and cuts or pads to the reference's length.
 * Reconstruction: `score` gives mel distance (lower is better), SI-SDR dB, STOI (0..1) and wideband
-  PESQ (1.04..4.64); a metric that cannot be computed (no speech found, package missing) is NaN,
-  and `mean_scores` averages the other files.
+  PESQ (1.04..4.64) of the pair, and on request the decoded signal's own DNSMOS (`dnsmos`: no
+  reference, about 1..5);
+  a metric that cannot be computed (no speech found, package missing) is NaN, and `mean_scores`
+  averages the other files.
 * Pitch: `pitch_track` (pYIN, 10 ms frames) and `pitch_agreement` (error in cents on frames voiced
   in both, voicing recall and false voicing), pooled over files by `pool_pitch`.
 * Generated tokens and audio: `repetition` (copied n-grams, longest copied span) and
   `silence_share` (frames under -40 dBFS).
 
-pesq, pystoi and librosa (`make bench-setup`) are imported inside the functions that need them.
+pesq, pystoi, librosa, speechmos and onnxruntime (`make bench-setup`) are imported inside the
+functions that need them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -27,8 +31,10 @@ import torch
 
 from codec.losses import mel_distance, si_sdr
 
-METRICS = ("mel", "si_sdr", "stoi", "pesq")
-HIGHER_IS_BETTER = {"mel": False, "si_sdr": True, "stoi": True, "pesq": True}
+REFERENCE_METRICS = ("mel", "si_sdr", "stoi", "pesq")  # of a decoded signal against its reference
+DNSMOS_METRICS = ("dnsmos_sig", "dnsmos_bak", "dnsmos_ovrl", "dnsmos_p808")  # of one signal alone
+METRICS = REFERENCE_METRICS + DNSMOS_METRICS
+HIGHER_IS_BETTER = {"mel": False, "si_sdr": True, "stoi": True, "pesq": True, **{m: True for m in DNSMOS_METRICS}}
 
 
 # ---- alignment ------------------------------------------------------------------------------------
@@ -121,8 +127,64 @@ def stoi(reference: np.ndarray, decoded: np.ndarray, sample_rate: int) -> float:
     return float(_stoi(reference.astype(np.float64), decoded.astype(np.float64), sample_rate, extended=False))
 
 
-def score(reference: np.ndarray, decoded: np.ndarray, sample_rate: int) -> dict[str, float]:
-    """All four metrics of one aligned pair (same length 1-D arrays) -> {"mel", "si_sdr", "stoi", "pesq"}."""
+DNSMOS_RATE = 16000
+_DNSMOS_MIN_SECONDS = 10.0  # speechmos scores 9.01 s windows every 1 s from 0 to floor(seconds) - 9.01
+_dnsmos_scorer = None  # speechmos.dnsmos.DNSMOS with our sessions, made on first use
+
+
+def _dnsmos_model():
+    """speechmos's DNSMOS scorer (P.835 sig_bak_ovr.onnx and P.808 model_v8.onnx, shipped in its wheel),
+    made once per process with CPU sessions on torch's thread count; None without speechmos / onnxruntime."""
+    global _dnsmos_scorer
+    if _dnsmos_scorer is None:
+        try:
+            import onnxruntime as ort
+            from speechmos import dnsmos as sm
+        except ImportError:
+            return None
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = max(torch.get_num_threads(), 1)
+        options.inter_op_num_threads = 1
+        folder = Path(sm.__file__).parent / "dnsmos_models"
+
+        def session(name: str):
+            return ort.InferenceSession(str(folder / name), sess_options=options, providers=["CPUExecutionProvider"])
+
+        scorer = sm.DNSMOS.__new__(sm.DNSMOS)  # its __init__ would make sessions on every core
+        scorer.primary_model_path = str(folder / "sig_bak_ovr.onnx")
+        scorer.onnx_sess, scorer.p808_onnx_sess = session("sig_bak_ovr.onnx"), session("model_v8.onnx")
+        _dnsmos_scorer = scorer
+    return _dnsmos_scorer
+
+
+def dnsmos(wav: np.ndarray, sample_rate: int) -> dict[str, float]:
+    """DNSMOS of one signal, no reference: P.835 signal, background and overall quality and P.808 MOS
+    (each about 1..5, higher is better) -> {"dnsmos_sig", "dnsmos_bak", "dnsmos_ovrl", "dnsmos_p808"}.
+
+    Microsoft's DNSMOS models through the `speechmos` package, at 16 kHz only (ValueError otherwise);
+    samples are clipped to [-1, 1]; a clip shorter than 10 s is repeated up to 10 s (speechmos would
+    find no window in 9.01..10 s), longer ones are averaged over 9.01 s windows 1 s apart. NaN values
+    when speechmos or onnxruntime is not installed (`make bench-setup`)."""
+    if sample_rate != DNSMOS_RATE:
+        raise ValueError(f"DNSMOS is defined at {DNSMOS_RATE} Hz, got {sample_rate} Hz: resample first")
+    x = np.clip(_mono(wav, "wav").astype(np.float32), -1.0, 1.0)
+    if not np.isfinite(x).all():
+        raise ValueError("wav has NaN or infinite samples")
+    scorer = _dnsmos_model()
+    if scorer is None:
+        return {m: float("nan") for m in DNSMOS_METRICS}
+    while len(x) < _DNSMOS_MIN_SECONDS * sample_rate:
+        x = np.concatenate([x, x])
+    out = scorer(x, sample_rate, False)
+    return {"dnsmos_sig": float(out["sig_mos"]), "dnsmos_bak": float(out["bak_mos"]),
+            "dnsmos_ovrl": float(out["ovrl_mos"]), "dnsmos_p808": float(out["p808_mos"])}
+
+
+def score(reference: np.ndarray, decoded: np.ndarray, sample_rate: int, *,
+          with_dnsmos: bool = False) -> dict[str, float]:
+    """The metrics of one aligned pair (same length 1-D arrays) -> {"mel", "si_sdr", "stoi", "pesq"},
+    and with_dnsmos the decoded signal's `dnsmos` too (all of METRICS, in that order; it costs about
+    0.3 s of CPU per 9 s window)."""
     reference, decoded = _mono(reference, "reference"), _mono(decoded, "decoded")
     if reference.shape != decoded.shape:
         raise ValueError(f"align the signals first: {reference.shape} vs {decoded.shape} samples")
@@ -131,7 +193,8 @@ def score(reference: np.ndarray, decoded: np.ndarray, sample_rate: int) -> dict[
     return {"mel": float(mel_distance(dec_t, ref_t, sample_rate)[0]),
             "si_sdr": float(si_sdr(dec_t, ref_t)[0]),
             "stoi": stoi(reference, decoded, sample_rate),
-            "pesq": pesq_wb(reference, decoded, sample_rate)}
+            "pesq": pesq_wb(reference, decoded, sample_rate),
+            **(dnsmos(decoded, sample_rate) if with_dnsmos else {})}
 
 
 @dataclass
@@ -143,6 +206,7 @@ class MeanScores:
 
 
 def mean_scores(per_file: Iterable[Mapping[str, float]]) -> MeanScores:
+    """Means of every metric of METRICS (NaN, count 0, for one that no file has)."""
     rows = list(per_file)
     means, counts = {}, {}
     for m in METRICS:

@@ -90,7 +90,8 @@ def test_metrics_rank_identity_light_noise_and_heavy_noise(speech):
     same, light, heavy = (qm.score(speech, x, SR) for x in (speech.copy(), at_snr(20), at_snr(0)))
     assert same["mel"] < 1e-6 and same["si_sdr"] > 60 and same["stoi"] > 0.999 and same["pesq"] > 4.5
     assert abs(light["si_sdr"] - 20) < 0.5 and abs(heavy["si_sdr"]) < 0.5  # SI-SDR of white noise = its SNR
-    for m in qm.METRICS:
+    assert set(same) == set(qm.REFERENCE_METRICS)
+    for m in qm.REFERENCE_METRICS:
         better = (lambda a, b: a > b) if qm.HIGHER_IS_BETTER[m] else (lambda a, b: a < b)
         assert better(same[m], light[m]) and better(light[m], heavy[m]), m
 
@@ -104,8 +105,52 @@ def test_pesq_of_silence_is_nan_and_means_skip_it():
     assert math.isnan(qm.pesq_wb(np.zeros(SR), np.zeros(SR), SR))
     means = qm.mean_scores([{"mel": 1.0, "si_sdr": 2.0, "stoi": 0.5, "pesq": float("nan")},
                             {"mel": 3.0, "si_sdr": 4.0, "stoi": 0.7, "pesq": 2.5}])
-    assert means.means == pytest.approx({"mel": 2.0, "si_sdr": 3.0, "stoi": 0.6, "pesq": 2.5})
-    assert means.counts == {"mel": 2, "si_sdr": 2, "stoi": 2, "pesq": 1}
+    assert {m: means.means[m] for m in qm.REFERENCE_METRICS} == pytest.approx(
+        {"mel": 2.0, "si_sdr": 3.0, "stoi": 0.6, "pesq": 2.5})
+    assert means.counts == {"mel": 2, "si_sdr": 2, "stoi": 2, "pesq": 1, **{m: 0 for m in qm.DNSMOS_METRICS}}
+    assert all(math.isnan(means.means[m]) for m in qm.DNSMOS_METRICS)  # no file has them: NaN, count 0
+
+
+# ---- DNSMOS ---------------------------------------------------------------------------------------
+
+def test_dnsmos_hears_loud_white_noise_in_real_speech_and_repeats_itself(speech):
+    clean = np.resize(speech, 10 * SR)  # 10 s: one DNSMOS window, the cheapest call
+    noise = np.random.default_rng(0).standard_normal(clean.shape).astype(np.float32)
+    noisy = clean + noise * math.sqrt(float(np.mean(clean ** 2)))  # 0 dB SNR
+    a, b = qm.dnsmos(clean, SR), qm.dnsmos(noisy, SR)
+    assert list(a) == list(qm.DNSMOS_METRICS)
+    assert all(1 <= v <= 5 for v in (*a.values(), *b.values())), (a, b)
+    assert a["dnsmos_ovrl"] > b["dnsmos_ovrl"] + 0.4 and a["dnsmos_bak"] > b["dnsmos_bak"] + 0.4, (a, b)
+    assert qm.dnsmos(clean, SR) == a  # the same numbers on a repeated call
+    assert qm._dnsmos_model().onnx_sess.get_session_options().inter_op_num_threads == 1
+
+
+def test_dnsmos_repeats_short_clips_to_10_s_and_reads_speechmos_keys(monkeypatch):
+    seen = []
+
+    def fake(x, rate, personalized):
+        seen.append(len(x))
+        return {"sig_mos": 3.0, "bak_mos": 4.0, "ovrl_mos": 2.5, "p808_mos": np.float32(3.5)}
+
+    monkeypatch.setattr(qm, "_dnsmos_scorer", fake)
+    out = qm.dnsmos(np.full(int(9.5 * SR), 2.0, np.float32), SR)  # clipped to [-1, 1], doubled to 19 s
+    assert out == {"dnsmos_sig": 3.0, "dnsmos_bak": 4.0, "dnsmos_ovrl": 2.5, "dnsmos_p808": 3.5}
+    qm.dnsmos(np.zeros(3 * SR, np.float32), SR)  # 3 -> 6 -> 12 s, as speechmos itself would
+    qm.dnsmos(np.zeros(11 * SR, np.float32), SR)
+    assert seen == [19 * SR, 12 * SR, 11 * SR]
+
+
+def test_dnsmos_errors_and_nan_without_the_package(monkeypatch):
+    with pytest.raises(ValueError, match="16000 Hz"):
+        qm.dnsmos(np.zeros(8000, np.float32), 8000)
+    with pytest.raises(ValueError, match="1-D"):
+        qm.dnsmos(np.zeros(0, np.float32), SR)
+    with pytest.raises(ValueError, match="NaN"):
+        qm.dnsmos(np.full(SR, np.nan, np.float32), SR)
+    monkeypatch.setattr(qm, "_dnsmos_scorer", None)
+    monkeypatch.setitem(__import__("sys").modules, "speechmos", None)  # import speechmos -> ImportError
+    out = qm.dnsmos(np.zeros(SR, np.float32), SR)
+    assert list(out) == list(qm.DNSMOS_METRICS) and all(math.isnan(v) for v in out.values())
 
 
 # ---- repetition and silence -----------------------------------------------------------------------
@@ -179,22 +224,31 @@ def test_codec2_roundtrip_bits_are_the_mode_s_frames(speech, tmp_path):
 
 # ---- the benchmark's own logic --------------------------------------------------------------------
 
-def _summary(group, setting, kbps, mel, si_sdr, stoi, pesq):
-    return {"group": group, "setting": setting, "kbps": kbps,
-            "metrics": {"mel": mel, "si_sdr": si_sdr, "stoi": stoi, "pesq": pesq}}
+def _summary(group, setting, stoi, pesq, ovrl):
+    return {"group": group, "setting": setting, "kbps": 1.0,
+            "metrics": {"mel": 0.5, "si_sdr": -20.0, "stoi": stoi, "pesq": pesq, "dnsmos_ovrl": ovrl}}
 
 
-def test_goal_compares_our_best_row_at_6_kbps_or_less_with_opus_6k():
-    rows = [_summary("ours", "N_c=4", 2.0, 0.9, 1.0, 0.80, 2.0),
-            _summary("ours", "N_c=8", 4.0, 0.8, 2.0, 0.85, 2.6),  # best PESQ at <= 6 kbps
-            _summary("ours", "N_c=16", 8.0, 0.1, 30.0, 0.99, 4.5),  # above 6 kbps: not eligible
-            _summary("opus", "6k voip", 6.0, 0.85, 3.0, 0.84, 2.4)]
+def test_goal_is_codec2_3200_at_n_c_8_on_three_metrics_and_at_n_c_4_on_ovrl():
+    rows = [_summary("ours", "N_c=4", 0.80, 1.8, 2.3),
+            _summary("ours", "N_c=8", 0.81, 1.9, 2.5),
+            _summary("opus", "6k voip", 0.78, 1.8, 1.8),
+            _summary("codec2", "3200", 0.78, 1.5, 2.4)]
     v = cq.goal_verdict(rows)
-    assert v["ours"] == "N_c=8" and v["wins"] == ["mel", "stoi", "pesq"] and v["losses"] == ["si_sdr"]
-    assert v["met"] is False and "NOT MET" in v["line"]
-    rows[1]["metrics"]["si_sdr"] = 3.5
+    assert v["met"] is False and "NOT MET" in v["line"] and not v["missing"]
+    assert [(c["ours"], c["metric"], c["ok"]) for c in v["checks"]] == [
+        ("N_c=8", "stoi", True), ("N_c=8", "pesq", True), ("N_c=8", "dnsmos_ovrl", True),
+        ("N_c=4", "dnsmos_ovrl", False)]
+    assert v["to_opus_6k_at_n_c4"] == pytest.approx({"pesq": 0.0, "stoi": 0.02, "dnsmos_ovrl": 0.5})
+    assert "distance to Opus 6 kbps at N_c=4" in v["line"] and "OVRL +0.500" in v["line"]
+    rows[0]["metrics"]["dnsmos_ovrl"] = 2.4  # equal is enough: "at least codec2"
     assert cq.goal_verdict(rows)["met"] is True
-    assert cq.goal_verdict(rows[:3])["met"] is None  # no Opus row
+    rows[1]["metrics"]["pesq"] = float("nan")  # a value that could not be scored: not evaluated
+    v = cq.goal_verdict(rows)
+    assert v["met"] is None and v["missing"] == ["N_c=8 PESQ"] and "NOT EVALUATED" in v["line"]
+    v = cq.goal_verdict(rows[:3])  # no codec2 3200 row
+    assert v["met"] is None and v["to_opus_6k_at_n_c4"] is not None
+    assert cq.goal_verdict([rows[3]])["to_opus_6k_at_n_c4"] is None
 
 
 def test_opus_bitrates_default_to_the_floor_and_ours_above_it():
@@ -222,17 +276,22 @@ def test_codec_quality_end_to_end_on_a_tiny_random_codec(tmp_path, capsys):
     folder = codec.save_pretrained(tmp_path / "codec")
     out = tmp_path / "q.json"
     assert cq.main(["--codec", str(folder), "--max-files", "1", "--codec2-modes", "1200", "--json", str(out),
-                    "--no-progress"]) == 0
+                    "--no-progress", "--group-by-folder"]) == 0
     printed = capsys.readouterr().out
     assert "ours N_c=3" in printed and "opus 6k voip" in printed and "codec2 1200" in printed and "goal" in printed
+    assert "OVRL ^" in printed and "SI-SDR ^" in printed and "per folder: STOI / PESQ / OVRL" in printed
     result = json.loads(out.read_text())
     rows = {(r["system"], r["setting"]): r for r in result["rows"]}
-    assert set(rows) == {("ours", "N_c=1"), ("ours", "N_c=2"), ("ours", "N_c=3"), ("opus", "6k voip"),
-                         ("codec2", "1200")}
+    assert set(rows) == {("original", ""), ("ours", "N_c=1"), ("ours", "N_c=2"), ("ours", "N_c=3"),
+                         ("opus", "6k voip"), ("codec2", "1200")}
+    original = rows[("original", "")]["metrics"]
+    assert 1 <= original["dnsmos_ovrl"] <= 5 and math.isnan(original["pesq"])  # DNSMOS only: the ceiling
+    assert set(result["per_file"]["original"]["scores"][0]) == set(qm.DNSMOS_METRICS)
+    assert set(result["per_file"]["ours N_c=2"]["scores"][0]) == set(qm.METRICS)
     assert rows[("ours", "N_c=2")]["kbps"] == pytest.approx(2 * 4 * 50 / 1000)  # 2 codebooks x 4 bits x 50 Hz
     assert rows[("ours", "N_c=2")]["kbps_measured"] >= rows[("ours", "N_c=2")]["kbps"]  # + the padded last frame
     assert all(r["files"] == 1 for r in result["rows"]) and len(result["files"]) == 1
-    assert result["goal"]["met"] is not None
+    assert result["goal"]["met"] is None and "NOT EVALUATED" in result["goal"]["line"]  # no N_c=8, no codec2 3200
 
 
 def test_codec_bottleneck_end_to_end_on_a_tiny_random_codec(tmp_path, capsys):
@@ -460,11 +519,14 @@ def test_paired_difference_hand_counted():
 
 
 def test_compare_quality_runs_pairs_rows_and_refuses_other_files(tmp_path, capsys):
-    def run(pesq, files=("a.wav", "b.wav")):
+    def run(pesq, files=("a.wav", "b.wav"), ovrl=None):
         scores = [{"mel": 0.2, "stoi": 0.8, "pesq": p} for p in pesq]
+        for s, o in zip(scores, ovrl or []):
+            s["dnsmos_ovrl"] = o
         return {"files": list(files), "codec_fingerprint": "f" * 64,
                 "per_file": {"ours N_c=4": {"scores": scores}, "opus 6k voip": {"scores": scores},
-                             "codec2 3200": {"scores": scores}}}
+                             "codec2 3200": {"scores": scores},
+                             "original": {"scores": [{"dnsmos_ovrl": 3.0} for _ in files]}}}
 
     before, after = tmp_path / "a.json", tmp_path / "b.json"
     before.write_text(json.dumps(run([1.5, 1.7])))
@@ -485,3 +547,21 @@ def test_compare_quality_runs_pairs_rows_and_refuses_other_files(tmp_path, capsy
     assert "not a codec_quality.py --json result" in capsys.readouterr().err
     assert cmp.main([str(before), str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_compare_quality_takes_dnsmos_where_both_runs_have_it():
+    def run(ovrl=None):
+        scores = [{"mel": 0.2, "stoi": 0.8, "pesq": 1.5, **({"dnsmos_ovrl": o} if o else {})} for o in ovrl or [0, 0]]
+        return {"files": ["a.wav", "b.wav"],
+                "per_file": {"ours N_c=4": {"scores": scores},
+                             "original": {"scores": [{"dnsmos_ovrl": 3.0}, {"dnsmos_ovrl": 3.2}]}}}
+
+    table = cmp.compare(run([2.0, 2.2]), run([2.5, 2.1]), ["ours N_c=4", "original"])
+    assert [(r["row"], r["metric"]) for r in table] == [
+        ("ours N_c=4", "mel"), ("ours N_c=4", "stoi"), ("ours N_c=4", "pesq"), ("ours N_c=4", "dnsmos_ovrl"),
+        ("original", "dnsmos_ovrl")]  # the original row has DNSMOS only
+    assert table[3]["diff"] == pytest.approx(0.2) and table[3]["better"] == 1
+    old = run()  # a run from before DNSMOS: compared on the rest
+    assert [r["metric"] for r in cmp.compare(old, run([2.5, 2.1]), ["ours N_c=4"])] == ["mel", "stoi", "pesq"]
+    with pytest.raises(ValueError, match="no file has dnsmos_ovrl"):
+        cmp.compare(old, run([2.5, 2.1]), ["ours N_c=4"], ("dnsmos_ovrl",))
