@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 RVQLM  := $(VENV)/bin/rvqlm
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps corpus demo test test-slow bench-setup clean
+.PHONY: setup system-deps corpus voices demo test test-slow bench-setup clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +22,11 @@ system-deps:
 
 corpus: setup
 	$(RVQLM) corpus prepare
+
+# The voices corpus (other speakers and languages; Debian's asterisk-core-sounds-*-g722).
+voices: setup
+	@bash scripts/system_deps.sh --voices
+	$(RVQLM) corpus prepare --voices
 
 demo: setup
 	$(RVQLM) demo

@@ -12,6 +12,7 @@ is zero-padded at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import torchaudio.functional as AF
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from codec.audio import AUDIO_SUFFIXES, audio_info, load_audio
+from codec.augment import Augmentation
 from rvqlm_core.batch_stream import BatchStream, StreamLoader, StreamPosition
 
 
@@ -80,11 +82,16 @@ class RandomCropDataset(_CropDataset):
     (None or [1.0]: none). At speed s the crop is ``s * crop_seconds`` of the file resampled from
     ``round(s * sample_rate)`` to `sample_rate` Hz: s > 1 is faster and higher. Each
     ``s * sample_rate`` must be a whole number of Hz, so that the resampling kernel is exact.
+
+    augment: level, telephone band and noise drawn per crop by ``np.random.default_rng([seed, i, 3])``
+    (codec/augment.py).
     """
 
     def __init__(self, files, sample_rate: int, channels: int = 1, crop_seconds: float = 1.0,
-                 items: int | None = None, seed: int = 0, speeds: list[float] | None = None):
+                 items: int | None = None, seed: int = 0, speeds: list[float] | None = None,
+                 augment: Augmentation | None = None):
         super().__init__(files, sample_rate, channels, crop_seconds)
+        self.augment = augment or Augmentation()
         self.items = items or len(self.files)
         if self.items < 1:
             raise ValueError(f"items must be >= 1, got {self.items}")
@@ -117,7 +124,10 @@ class RandomCropDataset(_CropDataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         if i < 0:
             raise IndexError(f"crop index {i} < 0")
-        return self._load(*self.file_and_offset(i), self.speed(i))
+        wav = self._load(*self.file_and_offset(i), self.speed(i))
+        if self.augment.active:
+            wav = self.augment.apply(wav, self.sample_rate, np.random.default_rng([self.seed, i, 3]))
+        return wav
 
 
 class CropBatchStream(BatchStream):
@@ -158,20 +168,22 @@ class CodecDataModule(L.LightningDataModule):
     """Training / validation crops for the codec.
 
     Sources: `train_dir` / `valid_dir` (folders of audio files), or, when they are not given, the
-    folder `corpus_dir` split into `train/` and `valid/` subfolders, as the built-in corpus is (its
-    `test/` is never read).
+    folder `corpus_dir` (or a list of such folders, mixed) split into `train/` and `valid/`
+    subfolders, as the prepared corpora are (their `test/` is never read).
     `sample_rate` / `channels` must be the codec's (the recipes link them to the model's config).
-    `speeds`: speed perturbation of the training crops (see RandomCropDataset; validation crops
-    are never perturbed).
+    `speeds`, `augment`: changes to the training crops (see RandomCropDataset; validation crops
+    are never changed).
     """
 
     def __init__(self, train_dir: str | None = None, valid_dir: str | None = None,
-                 corpus_dir: str | None = "data/fillets-cs-16k", sample_rate: int = 16000, channels: int = 1,
+                 corpus_dir: str | list[str] | None = "data/fillets-cs-16k", sample_rate: int = 16000, channels: int = 1,
                  crop_seconds: float = 1.0, valid_crop_seconds: float = 2.0, batch_size: int = 8,
                  valid_batch_size: int | None = None, num_workers: int = 0, items_per_epoch: int | None = None,
                  max_valid_files: int | None = 32, max_train_files: int | None = None, seed: int = 0,
-                 speeds: list[float] | None = None):
+                 speeds: list[float] | None = None, augment: Augmentation | None = None):
         super().__init__()
+        # Checkpoints hold only plain types (they load with torch.load(weights_only=True)).
+        augment = dataclasses.asdict(augment) if isinstance(augment, Augmentation) else augment
         if train_dir is None and corpus_dir is None:
             raise ValueError("give train_dir (a folder of audio files) or corpus_dir (the built-in corpus)")
         if batch_size < 1:
@@ -188,11 +200,15 @@ class CodecDataModule(L.LightningDataModule):
             return list_audio_files(folder)
         if split == "valid" and hp.train_dir is not None:
             raise ValueError("train_dir is set but valid_dir is not; give a held-out folder for validation")
-        folder = Path(hp.corpus_dir) / split
-        if not folder.is_dir():
-            raise FileNotFoundError(f"{hp.corpus_dir} has no {split}/ folder: corpus_dir must be split into train/ "
-                                    "and valid/ folders (`rvqlm corpus prepare` makes one)")
-        return list_audio_files(folder)
+        folders = [hp.corpus_dir] if isinstance(hp.corpus_dir, (str, os.PathLike)) else list(hp.corpus_dir)
+        files = []
+        for corpus in folders:
+            folder = Path(corpus) / split
+            if not folder.is_dir():
+                raise FileNotFoundError(f"{corpus} has no {split}/ folder: corpus_dir must be split into train/ "
+                                        "and valid/ folders (`rvqlm corpus prepare` makes one)")
+            files += list_audio_files(folder)
+        return files
 
     def setup(self, stage: str | None = None) -> None:
         hp = self.hparams
@@ -200,7 +216,8 @@ class CodecDataModule(L.LightningDataModule):
             files = evenly_spaced(self._files("train"), hp.max_train_files)
             self.train_set = RandomCropDataset(files, hp.sample_rate, hp.channels, hp.crop_seconds,
                                                items=max(hp.items_per_epoch or len(files), hp.batch_size),
-                                               seed=hp.seed, speeds=hp.speeds)
+                                               seed=hp.seed, speeds=hp.speeds,
+                                               augment=Augmentation(**(hp.augment or {})))
         if self.valid_set is None and stage in (None, "fit", "validate"):
             files = evenly_spaced(self._files("valid"), hp.max_valid_files)
             self.valid_set = FixedCropDataset(files, hp.sample_rate, hp.channels, hp.valid_crop_seconds)
@@ -229,6 +246,7 @@ class CodecDataModule(L.LightningDataModule):
         hp = self.hparams
         return {"seed": hp.seed, "batch_size": hp.batch_size, "crop_seconds": hp.crop_seconds,
                 "speeds": [float(s) for s in hp.speeds or [1.0]],
+                "augment": dataclasses.asdict(Augmentation(**(hp.augment or {}))),
                 "train_items": len(self.train_set) if self.train_set is not None else None}
 
     def state_dict(self) -> dict:

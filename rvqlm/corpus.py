@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from codec.audio import AudioError, load_audio, save_audio
@@ -39,7 +41,7 @@ class CorpusError(RuntimeError):
 @dataclass(frozen=True)
 class CorpusFile:
     split: str
-    level: str
+    level: str  # the group a file is split by: the game level (fillets), the speaker (voices)
     source: Path
     relpath: str  # relative to the corpus folder, e.g. "train/airplane/let-m-divna.wav"
 
@@ -81,30 +83,42 @@ def prepare_corpus(
     max_files_per_split: keep only the first N files of each split (a quick subset for tests).
     A folder prepared with other settings is refused rather than mixed.
     """
-    out = Path(out_dir)
     settings = {"version": CORPUS_VERSION, "sample_rate": sample_rate, "max_files_per_split": max_files_per_split}
+    return write_corpus(out_dir, lambda: list_source_files(sound_dir), settings, name="fillets-ng-data-cs",
+                        license="GPL-2+", progress=progress)
+
+
+def write_corpus(out_dir: str | os.PathLike, list_files: Callable[[], list[CorpusFile]], settings: dict, *,
+                 name: str, license: str, decode: Callable[[Path, int], torch.Tensor] | None = None,
+                 progress: bool = True) -> Path:
+    """Decode `list_files()` to 16-bit mono wav at settings["sample_rate"] under `out_dir` (one
+    folder per split) and write `corpus.json` last; return `out_dir`. Resumable: converted files
+    are kept. `decode(source, rate)` -> [1, S] (default `load_audio`). A folder prepared with other
+    settings is refused rather than mixed."""
+    out, sample_rate = Path(out_dir), settings["sample_rate"]
     meta_path = out / "corpus.json"
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         if meta.get("settings") == settings:
             return out
         raise CorpusError(f"{out} holds a corpus prepared with {meta.get('settings')}, not {settings}; use another folder")
-    files = list_source_files(sound_dir)
-    if max_files_per_split is not None:
-        files = _first_per_split(files, max_files_per_split, lambda f: f.split)
+    files = list_files()
+    if settings.get("max_files_per_split") is not None:
+        files = _first_per_split(files, settings["max_files_per_split"], lambda f: f.split)
+    decode = decode or (lambda source, rate: load_audio(source, rate, 1))
     entries, skipped = [], []
-    for f in tqdm(files, desc="preparing corpus", unit="file", disable=not progress):
+    for f in tqdm(files, desc=f"preparing {name}", unit="file", disable=not progress):
         dest = out / f.relpath
         try:
             if not dest.exists():
-                save_audio(dest, load_audio(f.source, sample_rate, 1), sample_rate)
+                save_audio(dest, decode(f.source, sample_rate), sample_rate)
             frames = _frames(dest)
         except AudioError as e:
             skipped.append({"source": str(f.source), "reason": e.reason})
             continue
         entries.append({"path": f.relpath, "split": f.split, "level": f.level, "source": str(f.source),
                         "seconds": frames / sample_rate})
-    atomic_write_json(meta_path, {"name": "fillets-ng-data-cs", "license": "GPL-2+", "settings": settings,
+    atomic_write_json(meta_path, {"name": name, "license": license, "settings": settings,
                                   "minutes": _minutes(entries), "files": entries, "skipped": skipped})
     return out
 

@@ -7,6 +7,9 @@ need=()
 pkgs=(fillets-ng-data-cs alsa-utils ffmpeg chromium chromium-driver codec2)
 # --bench: opusenc/opusdec too (the quality benchmark uses ffmpeg's libopus; opus-tools for checks).
 [ "${1:-}" = "--bench" ] && pkgs+=(opus-tools)
+# --voices: the voices corpus (rvqlm/voices.py): other speakers and languages for the codec.
+[ "${1:-}" = "--voices" ] && pkgs+=(asterisk-core-sounds-fr-g722 asterisk-core-sounds-it-g722 \
+  asterisk-core-sounds-ru-g722 asterisk-core-sounds-en-g722 asterisk-core-sounds-es-g722)
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -9,7 +9,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("corpus", help="prepare the built-in real-speech corpus (fillets-ng-data-cs)")
     csub = p.add_subparsers(dest="corpus_command", required=True, metavar="ACTION")
     prep = csub.add_parser("prepare", help="decode to 16-bit mono wav and split by level into train/valid/test")
-    prep.add_argument("--out", default=None, help="output folder (default data/fillets-cs-16k)")
+    prep.add_argument("--voices", action="store_true",
+                      help="prepare the voices corpus instead (other speakers and languages, Debian's "
+                           "asterisk-core-sounds-*-g722; `make voices` installs them) into data/voices-16k")
+    prep.add_argument("--out", default=None, help="output folder (default data/fillets-cs-16k, or data/voices-16k)")
     prep.add_argument("--sample-rate", type=int, default=16000)
     prep.add_argument("--max-files-per-split", type=int, default=None, help="a quick subset")
     prep.set_defaults(func=run_prepare)
@@ -19,8 +22,10 @@ def run_prepare(args: argparse.Namespace) -> int:
     import json
 
     from rvqlm.corpus import DEFAULT_CORPUS_DIR, prepare_corpus
+    from rvqlm.voices import DEFAULT_VOICES_DIR, prepare_voices
 
-    out = prepare_corpus(args.out or DEFAULT_CORPUS_DIR, args.sample_rate, max_files_per_split=args.max_files_per_split)
+    prepare, default = (prepare_voices, DEFAULT_VOICES_DIR) if args.voices else (prepare_corpus, DEFAULT_CORPUS_DIR)
+    out = prepare(args.out or default, args.sample_rate, max_files_per_split=args.max_files_per_split)
     meta = json.loads((out / "corpus.json").read_text())
     print(f"corpus ready in {out}: minutes per split {meta['minutes']}, {len(meta['skipped'])} files skipped")
     return 0
