@@ -28,7 +28,8 @@ from rvqlm.corpus import CorpusError, CorpusFile, write_corpus
 
 ASTERISK_SOUNDS = Path(os.environ.get("RVQLM_ASTERISK_DIR", "/usr/share/asterisk/sounds"))
 DEFAULT_VOICES_DIR = Path("data/voices-16k")
-VOICES_VERSION = 1
+VOICES_VERSION = 2
+NOT_SPEECH = ("silence",)  # subfolders of the packages that hold no voice
 # speaker folder under ASTERISK_SOUNDS -> (Debian package, role)
 SPEAKERS = {
     "fr_CA_f_June": ("asterisk-core-sounds-fr-g722", "train"),
@@ -47,8 +48,8 @@ def split_of_voice(role: str, name: str) -> str:
 
 
 def list_voice_files(sounds_dir: Path = ASTERISK_SOUNDS) -> list[CorpusFile]:
-    """Every prompt of the speakers in SPEAKERS, with its split. Raises CorpusError naming the
-    packages to install when a speaker is missing."""
+    """Every prompt of the speakers in SPEAKERS (not the `silence/` files), with its split. Raises
+    CorpusError naming the packages to install when a speaker is missing."""
     missing = [pkg for speaker, (pkg, _) in SPEAKERS.items() if not (sounds_dir / speaker).is_dir()]
     if missing:
         raise CorpusError(f"the voices corpus needs the Debian packages {' '.join(missing)} "
@@ -57,6 +58,8 @@ def list_voice_files(sounds_dir: Path = ASTERISK_SOUNDS) -> list[CorpusFile]:
     for speaker, (_, role) in SPEAKERS.items():
         for src in sorted((sounds_dir / speaker).rglob("*.g722")):
             name = src.relative_to(sounds_dir / speaker).with_suffix(".wav").as_posix()
+            if name.split("/")[0] in NOT_SPEECH:
+                continue
             split = split_of_voice(role, name)
             files.append(CorpusFile(split, speaker, src, f"{split}/{speaker}/{name}"))
     return files

@@ -31,12 +31,14 @@ def sounds(tmp_path_factory, speech_files) -> Path:
             name = f"digits/{j}.g722" if j == 0 else f"prompt-{j}.g722"
             _g722(sources[(12 * k + j) % len(sources)], root / speaker / name)
     (root / "ru_RU_f_IvrvoiceRU" / "empty.g722").write_bytes(b"")
+    _g722(sources[0], root / "fr_CA_f_June" / "silence" / "1.g722")  # the packages' silences: not listed
     return root
 
 
 def test_test_speakers_are_never_trained_or_validated_on(sounds):
     files = list_voice_files(sounds)
     assert files == list_voice_files(sounds)  # deterministic
+    assert not any("/silence/" in f.relpath for f in files)
     by_speaker: dict[str, set[str]] = {}
     for f in files:
         by_speaker.setdefault(f.level, set()).add(f.split)
