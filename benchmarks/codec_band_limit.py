@@ -23,16 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from codec import Codec
     from codec.audio import load_audio
     from codec.augment import band_energy_above, telephone_band
-    from codec.data import evenly_spaced
     from codec.losses import mel_distance
-    from rvqlm.corpus import corpus_files
+    from rvqlm.roundtrips import mono_codec_and_files
 
     t0 = time.perf_counter()
-    codec = Codec.from_pretrained(args.codec).eval()
-    files = evenly_spaced(corpus_files(args.corpus, args.split), args.max_files)
+    codec, files = mono_codec_and_files(args.codec, args.corpus, args.split, args.max_files, "codec_band_limit.py")
     above: dict[str, list[float]] = {}
     mel: dict[str, list[float]] = {}
     with torch.inference_mode():

@@ -9,7 +9,7 @@ splits its batches between DataLoader workers itself.
 from __future__ import annotations
 
 import warnings
-
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -36,7 +36,7 @@ class StreamPosition:
         self.consumed_batches = consumed_batches
 
 
-class BatchStream(IterableDataset):
+class BatchStream(IterableDataset, ABC):
     """A rank's training batches from `position.consumed_batches` to the end of that epoch.
 
     Rank r's batch b holds samples ``(b * world_size + r) * batch_size + j`` (DDP ranks read
@@ -61,8 +61,9 @@ class BatchStream(IterableDataset):
         """The run-wide index of the first sample of this rank's batch `batch_index`."""
         return (batch_index * self.world_size + self.rank) * self.batch_size
 
+    @abstractmethod
     def batch(self, batch_index: int) -> dict:
-        raise NotImplementedError
+        """This rank's batch `batch_index` of the run."""
 
     def __iter__(self) -> Iterator[dict]:
         start = self.position.consumed_batches
