@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from codec.audio import AUDIO_SUFFIXES, AudioError, audio_info, iter_audio_blocks
+from rvqlm_core.audio_metadata import iter_folder
 
 #: Files longer than this are streamed in blocks of this length; shorter ones are read whole.
 #: Fixed (not a user setting) so the decoded samples, hence the tokens, never depend on options.
@@ -39,21 +40,15 @@ def find_audio_files(audio_dir: str | os.PathLike, *, exclude: Path | None = Non
     root = Path(audio_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"no audio folder at {root}")
-    exclude = exclude.resolve() if exclude is not None else None
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
-                             and (exclude is None or (here / d).resolve() != exclude))
-        for name in filenames:
-            if name.startswith(".") or not name.lower().endswith(AUDIO_SUFFIXES):
-                continue
-            p = here / name
-            try:
-                st = p.stat()
-            except OSError:
-                continue
-            found.append(SourceFile(p, p.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns))
+    for p in iter_folder(root, exclude):
+        if not p.name.lower().endswith(AUDIO_SUFFIXES):
+            continue
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        found.append(SourceFile(p, p.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns))
     return sorted(found, key=lambda f: f.rel)
 
 

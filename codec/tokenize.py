@@ -25,6 +25,12 @@ Pipeline (one process encodes, `workers` processes decode):
    final folder equals an uninterrupted run's.
 
 Files that cannot be decoded go to `errors.jsonl` with the reason; the run goes on.
+
+Metadata: an `audiofolder` metadata.jsonl / metadata.csv in AUDIO_DIR or a sub-folder
+(`rvqlm_core.audio_metadata`) gives files their `metadata` in the manifest (text, speaker, ...).
+Rows that cannot be attached go to errors.jsonl (`"kind": "metadata"`); a metadata file that
+cannot be parsed stops the run before anything is written. A rerun brings the metadata of files
+already tokenized up to date without re-encoding them. Tokens never depend on metadata.
 """
 
 from __future__ import annotations
@@ -40,9 +46,10 @@ import numpy as np
 import torch
 import torch.nn.utils.parametrize
 
-from codec.audio import AudioError
+from codec.audio import AUDIO_SUFFIXES, AudioError
 from codec.audio_folder import OrderedDecoder, SourceFile, find_audio_files, stream_blocks
 from codec.model import Codec
+from rvqlm_core.audio_metadata import read_folder_metadata
 from rvqlm_core.shard_writer import ShardWriter, write_errors
 from rvqlm_core.token_shards import DEFAULT_SHARD_FRAMES
 
@@ -167,6 +174,10 @@ class TokenizeSummary:
     audio_seconds: float = 0.0  # tokenized in this run
     wall_seconds: float = 0.0
     errors: list[dict] = field(default_factory=list)
+    metadata_files: list[str] = field(default_factory=list)  # metadata.jsonl / .csv read (relative)
+    files_with_metadata: int = 0  # files found that a metadata row names
+    metadata_updated: int = 0  # files already tokenized whose manifest metadata this run changed
+    metadata_errors: list[dict] = field(default_factory=list)  # rows that could not be attached
 
     @property
     def realtime_factor(self) -> float:
@@ -178,7 +189,9 @@ class TokenizeSummary:
             f"{self.files_skipped} already done, {self.files_failed} failed",
             f"audio: {self.audio_seconds / 3600:.3f} h in {self.wall_seconds:.1f} s "
             f"({self.realtime_factor:.1f}x real time)",
-        ]
+        ] + ([f"metadata: {self.files_with_metadata} of {self.files_found} files have a row in "
+              f"{', '.join(self.metadata_files)}; {self.metadata_updated} already-tokenized files updated, "
+              f"{len(self.metadata_errors)} rows with problems"] if self.metadata_files else [])
 
 
 @dataclass
@@ -228,8 +241,10 @@ def tokenize_folder(
     files = find_audio_files(audio_dir, exclude=out)
     if not files:
         raise FileNotFoundError(f"no audio files ({', '.join(AUDIO_SUFFIXES)}) under {audio_dir}")
-    writer = ShardWriter(out, codec_meta(codec), shard_frames=shard_frames)
     summary = TokenizeSummary(files_found=len(files))
+    metadata = _read_metadata(audio_dir, files, out, summary)
+    writer = ShardWriter(out, codec_meta(codec), shard_frames=shard_frames)
+    summary.metadata_updated = len(writer.update_metadata(metadata))
     todo = []
     for f in files:
         done = writer.done.get(f.rel)
@@ -243,7 +258,7 @@ def tokenize_folder(
             summary.files_skipped += 1
     codec.eval()
     plan = Plan.for_codec(codec, chunk_seconds)
-    run = _Run(codec, plan, writer, todo, summary, batch_seconds, progress, on_progress, t0)
+    run = _Run(codec, plan, writer, todo, metadata, summary, batch_seconds, progress, on_progress, t0)
     decoder = OrderedDecoder(workers, codec.sample_rate, codec.channels, max_file_seconds)
     try:
         # Weight-normed convs recompute their weights on every call unless cached: ~30% of a call.
@@ -256,16 +271,26 @@ def tokenize_folder(
         writer.discard()
     summary.files_failed = len(summary.errors)
     summary.wall_seconds = time.perf_counter() - t0
-    write_errors(out, summary.errors)
+    write_errors(out, summary.errors + summary.metadata_errors)
     return summary
+
+
+def _read_metadata(audio_dir, files: list[SourceFile], out: Path, summary: TokenizeSummary) -> dict[str, dict]:
+    """Every found file's metadata ({} without a row), from the folder's audiofolder metadata files."""
+    found = read_folder_metadata(audio_dir, [f.rel for f in files], exclude=out)
+    summary.metadata_files, summary.metadata_errors = found.files, found.errors
+    summary.files_with_metadata = len(found.by_path)
+    return {f.rel: found.by_path.get(f.rel, {}) for f in files}
 
 
 class _Run:
     """The state of one tokenize run: decoded pieces -> batches -> codes -> files in order."""
 
-    def __init__(self, codec: Codec, plan: Plan, writer: ShardWriter, todo: list[SourceFile], summary: TokenizeSummary,
-                 batch_seconds: float, progress: bool, on_progress, t0: float):
+    def __init__(self, codec: Codec, plan: Plan, writer: ShardWriter, todo: list[SourceFile],
+                 metadata: dict[str, dict], summary: TokenizeSummary, batch_seconds: float, progress: bool,
+                 on_progress, t0: float):
         self.codec, self.plan, self.writer, self.summary = codec, plan, writer, summary
+        self.metadata = metadata
         self.files = [_FileState(f) for f in todo]
         self.head = 0  # index of the next file to hand to the writer
         self.buffer: list[Piece] = []
@@ -340,7 +365,8 @@ class _Run:
                 while s.emitted in s.parts:
                     codes = s.parts.pop(s.emitted)
                     if not s.begun:
-                        self.writer.begin(s.source.rel, s.source.size, s.source.mtime_ns)
+                        f = s.source
+                        self.writer.begin(f.rel, f.size, f.mtime_ns, self.metadata[f.rel])
                         s.begun = True
                     self.writer.write(codes)
                     s.emitted += len(codes)

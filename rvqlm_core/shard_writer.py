@@ -4,6 +4,8 @@ and seals shards with the commit protocol described there; `write_token_corpus` 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -13,8 +15,8 @@ import numpy as np
 from rvqlm_core.atomic import atomic_path, atomic_write_json, atomic_write_text
 from rvqlm_core.token_shards import (CODEC_JSON, COPY_BLOCK, DEFAULT_SHARD_FRAMES, ERRORS, INDEX, MANIFEST, SHARD_DIR,
                                      SHARD_FILE, ShardEntry, TokenShardError, TokenShards, committed_state, entry_line,
-                                     file_sha256, json_line, lines_sha256, make_codec_meta, read_codec_json,
-                                     shard_name)
+                                     file_sha256, json_line, lines_sha256, make_codec_meta, placement_line,
+                                     read_codec_json, shard_name)
 
 
 class ShardWriter:
@@ -25,8 +27,9 @@ class ShardWriter:
     leftovers of a killed run (hidden temporaries, sealed-but-uncommitted shards) are removed,
     and a folder made by another codec is refused.
 
-    Per file: `begin(path, size, mtime_ns)`, any number of `write(rows [n, N_c])`, then
+    Per file: `begin(path, size, mtime_ns, metadata)`, any number of `write(rows [n, N_c])`, then
     `end(seconds)` (or `abort()` to drop it). Call `close()` to seal the last partial shard.
+    `update_metadata` changes committed files' metadata without touching their tokens.
     """
 
     def __init__(self, out_dir: str | os.PathLike, codec_meta: Mapping[str, Any], *,
@@ -83,7 +86,8 @@ class ShardWriter:
                 p.unlink()
 
     # -- per file ----------------------------------------------------------------------------
-    def begin(self, path: str, size: int, mtime_ns: int) -> None:
+    def begin(self, path: str, size: int, mtime_ns: int, metadata: Mapping[str, Any] | None = None) -> None:
+        """Open file `path`; `metadata` (a JSON object, e.g. {"text", "speaker"}) goes to its manifest line."""
         if self._current is not None:
             raise RuntimeError(f"begin({path!r}) while {self._current['path']!r} is still open")
         if path in self.done or path in self._pending_paths:
@@ -91,7 +95,7 @@ class ShardWriter:
         if self._pending_file is None:
             self._pending_file = open(self._pending_path(), "wb")
         self._current = {"path": path, "size": int(size), "mtime_ns": int(mtime_ns), "n_frames": 0,
-                         "start_byte": self._pending_file.tell()}
+                         "start_byte": self._pending_file.tell(), "metadata": _checked_metadata(path, metadata)}
 
     def write(self, rows: np.ndarray) -> None:
         """Append token rows [n, N_c] (ints in 0 .. |V|-1) to the open file."""
@@ -121,7 +125,7 @@ class ShardWriter:
             raise ValueError(f"{cur['path']!r}: no token frames were written")
         entry = ShardEntry(path=cur["path"], shard=shard_name(len(self.index)), offset=self._pending_frames,
                            n_frames=cur["n_frames"], seconds=float(seconds), size=cur["size"],
-                           mtime_ns=cur["mtime_ns"])
+                           mtime_ns=cur["mtime_ns"], metadata=cur["metadata"])
         self._pending.append(entry)
         self._pending_paths.add(entry.path)
         self._pending_frames += entry.n_frames
@@ -129,9 +133,10 @@ class ShardWriter:
             self.seal()
         return entry
 
-    def add(self, path: str, tokens: np.ndarray, *, seconds: float, size: int = 0, mtime_ns: int = 0) -> ShardEntry:
+    def add(self, path: str, tokens: np.ndarray, *, seconds: float, size: int = 0, mtime_ns: int = 0,
+            metadata: Mapping[str, Any] | None = None) -> ShardEntry:
         """One file in one call: tokens [frames, N_c]."""
-        self.begin(path, size, mtime_ns)
+        self.begin(path, size, mtime_ns, metadata)
         try:
             self.write(tokens)
         except BaseException:
@@ -162,7 +167,7 @@ class ShardWriter:
                 while block := src.read(COPY_BLOCK):
                     out.write(block)
         raw_path.unlink()
-        lines = [entry_line(e) for e in self._pending]
+        lines = [placement_line(e) for e in self._pending]
         row = {"shard": name, "n_frames": self._pending_frames, "bytes": dest.stat().st_size,
                "sha256": file_sha256(dest), "entries_sha256": lines_sha256(lines)}
         self.index.append(row)
@@ -171,6 +176,23 @@ class ShardWriter:
         self.done.update((e.path, e) for e in self._pending)
         atomic_write_text(self.root / MANIFEST, "".join(entry_line(e) + "\n" for e in self.entries))
         self._pending, self._pending_paths, self._pending_frames = [], set(), 0
+
+    def update_metadata(self, by_path: Mapping[str, Mapping[str, Any]]) -> list[str]:
+        """Set the metadata of the committed files named in `by_path` ({} clears it); files not
+        named keep theirs. One atomic rewrite of manifest.jsonl; tokens and shards.jsonl are not
+        touched. Returns the paths whose metadata changed. Call it with no file open or pending."""
+        if self._current is not None or self._pending:
+            raise RuntimeError("update_metadata() while files are open or pending; call it before writing")
+        changed = []
+        for i, e in enumerate(self.entries):
+            if e.path in by_path:
+                new = _checked_metadata(e.path, by_path[e.path])
+                if new != e.metadata:
+                    self.entries[i] = self.done[e.path] = dataclasses.replace(e, metadata=new)
+                    changed.append(e.path)
+        if changed:
+            atomic_write_text(self.root / MANIFEST, "".join(entry_line(e) + "\n" for e in self.entries))
+        return changed
 
     def close(self) -> None:
         """Seal what is pending. The folder is then complete and readable."""
@@ -197,23 +219,31 @@ def write_errors(out_dir: str | os.PathLike, errors: Iterable[Mapping[str, Any]]
     atomic_write_text(Path(out_dir) / ERRORS, "".join(json_line(r) + "\n" for r in rows))
 
 
-def write_errors(out_dir: str | os.PathLike, errors: Iterable[Mapping[str, Any]]) -> None:
-    """Rewrite OUT/errors.jsonl atomically, sorted by path: [{"path", "reason", ...}]."""
-    rows = sorted(errors, key=lambda r: r["path"])
-    atomic_write_text(Path(out_dir) / ERRORS, "".join(json_line(r) + "\n" for r in rows))
+def _checked_metadata(path: str, metadata: Mapping[str, Any] | None) -> dict:
+    """A copy of a file's metadata, refused (ValueError) unless it is a JSON object of finite values."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
+        raise ValueError(f"{path!r}: metadata must be a mapping with string keys, got {type(metadata).__name__}")
+    try:
+        return json.loads(json.dumps(dict(metadata), allow_nan=False, ensure_ascii=False))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path!r}: metadata is not a JSON object of finite values ({e})") from None
 
 
 def write_token_corpus(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], codec_meta: Mapping[str, Any],
-                       *, shard_frames: int = DEFAULT_SHARD_FRAMES) -> TokenShards:
+                       *, shard_frames: int = DEFAULT_SHARD_FRAMES,
+                       metadata: Mapping[str, Mapping[str, Any]] | None = None) -> TokenShards:
     """Build a complete token folder in one call (tests, synthetic data, conversions).
 
     arrays: relative path -> tokens [frames, N_c]; written in the mapping's order. `seconds` of
-    each entry is frames / frame_rate. Returns the opened folder.
+    each entry is frames / frame_rate; `metadata` maps paths to their metadata. Returns the opened folder.
     """
     writer = ShardWriter(out_dir, codec_meta, shard_frames=shard_frames)
     try:
         for path, tokens in arrays.items():
-            writer.add(path, tokens, seconds=len(tokens) / float(codec_meta["frame_rate"]))
+            writer.add(path, tokens, seconds=len(tokens) / float(codec_meta["frame_rate"]),
+                       metadata=(metadata or {}).get(path))
         writer.close()
     except BaseException:
         writer.discard()

@@ -8,7 +8,8 @@ Pure numpy + json; knows nothing of the codec model or the LM. Layout of a token
     OUT/shards.jsonl        # one line per sealed shard: name, n_frames, bytes, sha256 of the .npy
                             # file, sha256 of that shard's manifest lines
     OUT/manifest.jsonl      # one line per source file: path (relative), size, mtime_ns, seconds,
-                            # n_frames, shard, offset  (its tokens: shard[offset : offset + n_frames])
+                            # n_frames, shard, offset  (its tokens: shard[offset : offset + n_frames]),
+                            # and `metadata` (the file's audiofolder columns) when it has any
     OUT/errors.jsonl        # one line per file the last run could not tokenize: path, reason
 
 Commit protocol (`ShardWriter.seal`, in rvqlm_core/shard_writer.py): the shard's rows are streamed
@@ -20,8 +21,10 @@ ignore it and the next `ShardWriter` drops it.)
 
 Damage detection on `TokenShards.open`: always the cheap checks (JSON syntax and types, every
 shard's header shape/dtype/byte size against the index, manifest entries tiling each shard
-exactly, the per-shard hash of the manifest lines, so a hand edit of any manifest line is
-caught); with `verify=True` also the sha256 of every shard file and the token range.
+exactly, the per-shard hash of the manifest lines, so a hand edit of where a file's tokens lie is
+caught); with `verify=True` also the sha256 of every shard file and the token range. A line's
+`metadata` is left out of that hash (checked for syntax only), so that it can be updated by one
+atomic rewrite of manifest.jsonl without touching shards.jsonl (`ShardWriter.update_metadata`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -61,6 +64,8 @@ class ShardEntry:
     seconds: float  # duration of the source audio
     size: int  # source file size in bytes when tokenized
     mtime_ns: int  # source file mtime when tokenized
+    # the file's metadata (audiofolder columns but file_name, e.g. text, speaker); {} when none
+    metadata: dict = field(default_factory=dict, hash=False)
 
 
 def token_dtype(codebook_size: int) -> np.dtype:
@@ -82,7 +87,17 @@ def json_line(obj: Mapping[str, Any]) -> str:
 
 
 def entry_line(e: ShardEntry) -> str:
-    return json_line(dataclasses.asdict(e))
+    """The manifest line of an entry; `metadata` only when non-empty (so lines without are as in
+    folders written before metadata existed)."""
+    obj = dataclasses.asdict(e)
+    if not obj["metadata"]:
+        del obj["metadata"]
+    return json_line(obj)
+
+
+def placement_line(e: ShardEntry) -> str:
+    """The manifest line without metadata: what a shard's `entries_sha256` hashes."""
+    return entry_line(dataclasses.replace(e, metadata={}))
 
 
 def lines_sha256(lines: Iterable[str]) -> str:
@@ -166,7 +181,7 @@ def _read_jsonl(path: Path) -> list[tuple[str, dict]]:
     if text and not text.endswith("\n"):
         raise TokenShardError(f"{path} is damaged (its last line is cut off)")
     out = []
-    for n, raw in enumerate(text.splitlines(), 1):
+    for n, raw in enumerate(text.split("\n")[:-1], 1):  # not splitlines: strings may hold U+2028
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError:
@@ -182,7 +197,9 @@ _ENTRY_TYPES = {"path": str, "shard": str, "offset": int, "n_frames": int, "seco
 _INDEX_TYPES = {"shard": str, "n_frames": int, "bytes": int, "sha256": str, "entries_sha256": str}
 
 
-def _check_fields(obj: dict, types: dict, where: str) -> None:
+def _check_fields(obj: dict, types: dict, where: str, optional: dict | None = None) -> None:
+    optional = optional or {}
+    types = {**types, **{k: t for k, t in optional.items() if k in obj}}
     if set(obj) != set(types):
         missing, extra = sorted(set(types) - set(obj)), sorted(set(obj) - set(types))
         raise TokenShardError(f"{where}: unexpected fields (missing {missing}, unknown {extra}); edited by hand?")
@@ -209,9 +226,10 @@ def _parse_manifest(out: Path) -> list[tuple[str, ShardEntry]]:
     rows = []
     for n, (raw, obj) in enumerate(_read_jsonl(out / MANIFEST), 1):
         where = f"{out / MANIFEST} line {n}"
-        _check_fields(obj, _ENTRY_TYPES, where)
+        _check_fields(obj, _ENTRY_TYPES, where, optional={"metadata": dict})
         e = ShardEntry(**obj)
-        if e.n_frames < 1 or e.offset < 0 or e.seconds < 0 or not e.path or e.path.startswith("/"):
+        if e.n_frames < 1 or e.offset < 0 or e.seconds < 0 or not e.path or e.path.startswith("/") \
+                or ("metadata" in obj and not e.metadata):
             raise TokenShardError(f"{where}: invalid values for {e.path!r} (edited by hand?)")
         if raw != entry_line(e):
             raise TokenShardError(f"{where}: not in canonical form (edited by hand?)")
@@ -246,7 +264,7 @@ def committed_state(out: Path) -> tuple[list[dict], list[ShardEntry], list[dict]
         if not rows:
             raise TokenShardError(f"{out / MANIFEST} has no entries for {row['shard']} although later shards "
                                   "have them (lines deleted by hand?)")
-        if lines_sha256(raw for raw, _ in rows) != row["entries_sha256"]:
+        if lines_sha256(placement_line(e) for _, e in rows) != row["entries_sha256"]:
             raise TokenShardError(f"{out / MANIFEST}: the entries of {row['shard']} do not match their checksum "
                                   f"in {INDEX} (edited by hand or damaged)")
         pos = 0

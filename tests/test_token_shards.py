@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rvqlm_core.shard_writer import ShardWriter, write_errors, write_token_corpus
-from rvqlm_core.token_shards import ShardEntry, TokenShardError, TokenShards, read_errors, token_dtype
+from rvqlm_core.token_shards import ShardEntry, TokenShardError, TokenShards, lines_sha256, read_errors, token_dtype
 
 META = {"fingerprint": "f" * 64, "n_codebooks": 4, "codebook_size": 1024, "frame_rate": 50.0,
         "sample_rate": 16000, "codec_config": {"hop_length": 320}}
@@ -146,6 +146,8 @@ def _set(line, **kw):
     (lambda ls: [_set(ls[0], shard="shard-00099.npy")] + ls[1:], "does not list"),
     (lambda ls: [ls[0].replace(":", ": ")] + ls[1:], "canonical"),
     (lambda ls: [_set(ls[0], extra=1)] + ls[1:], "unexpected fields"),
+    (lambda ls: [_set(ls[0], metadata=["text"])] + ls[1:], "'metadata' has the wrong type"),
+    (lambda ls: [_set(ls[0], metadata={})] + ls[1:], "invalid values"),  # empty metadata is written as none
 ])
 def test_hand_edited_manifest_is_detected(tmp_path, edit, message):
     root = tmp_path / "tok"
@@ -209,3 +211,59 @@ def test_errors_file_round_trip(tmp_path):
     write_token_corpus(tmp_path, {"a.wav": np.zeros((3, 4), int)}, META)
     write_errors(tmp_path, [{"path": "z.wav", "reason": "empty"}, {"path": "b.wav", "reason": "NaN"}])
     assert [r["path"] for r in read_errors(tmp_path)] == ["b.wav", "z.wav"]
+
+
+OLD_LINE_FIELDS = {"path", "shard", "offset", "n_frames", "seconds", "size", "mtime_ns"}
+
+
+def test_metadata_round_trip_and_lines_without_it_are_the_old_format(tmp_path):
+    arrays = _arrays()
+    paths = list(arrays)
+    meta = {paths[0]: {"text": "Co je to za divnou loď?\u2028\x85", "speaker": "font_small"},
+            paths[3]: {"n": [1, {"a": None}], "x": 0.5}}
+    ts = write_token_corpus(tmp_path / "with", arrays, META, shard_frames=50, metadata=meta)
+    assert {e.path: e.metadata for e in ts.entries} == {p: meta.get(p, {}) for p in paths}
+    assert len(set(ts.entries)) == len(paths)  # entries stay hashable
+    plain = tmp_path / "plain"
+    write_token_corpus(plain, arrays, META, shard_frames=50)
+    raw = (plain / "manifest.jsonl").read_text(encoding="utf-8").split("\n")[:-1]
+    assert all(set(json.loads(line)) == OLD_LINE_FIELDS for line in raw)
+    # Folders written before metadata existed hashed their raw manifest lines: the same hashes.
+    index = [json.loads(line) for line in (plain / "shards.jsonl").read_text().splitlines()]
+    for row in index:
+        mine = [line for line in raw if json.loads(line)["shard"] == row["shard"]]
+        assert lines_sha256(mine) == row["entries_sha256"]
+    assert (plain / "shards.jsonl").read_bytes() == (tmp_path / "with" / "shards.jsonl").read_bytes()
+    assert all(e.metadata == {} for e in TokenShards.open(plain).entries)
+
+
+def test_update_metadata_rewrites_only_the_manifest(tmp_path):
+    root = tmp_path / "tok"
+    arrays = _arrays()
+    write_token_corpus(root, arrays, META, shard_frames=50)
+    original = (root / "manifest.jsonl").read_bytes()
+    untouched = {n: (root / n).read_bytes() for n in ("shards.jsonl", "codec.json", "shards/shard-00000.npy")}
+    first, second = list(arrays)[:2]
+    w = ShardWriter(root, META, shard_frames=50)
+    assert w.update_metadata({first: {"text": "ahoj"}, second: {}}) == [first]
+    assert w.update_metadata({first: {"text": "ahoj"}}) == []
+    w.close()
+    ts = TokenShards.open(root, verify=True)
+    assert (ts.entry(first).metadata, ts.entry(second).metadata) == ({"text": "ahoj"}, {})
+    assert {n: (root / n).read_bytes() for n in untouched} == untouched
+    # A hand edit of a metadata value is not a damaged placement: the folder still opens.
+    _corrupt_manifest(root, lambda ls: [line.replace('"ahoj"', '"nazdar"') for line in ls])
+    assert TokenShards.open(root).entry(first).metadata == {"text": "nazdar"}
+    w = ShardWriter(root, META, shard_frames=50)
+    assert w.update_metadata({first: {}}) == [first]
+    assert (root / "manifest.jsonl").read_bytes() == original
+    w.begin("new.wav", 1, 1)
+    with pytest.raises(RuntimeError, match="open or pending"):
+        w.update_metadata({first: {"text": "x"}})
+
+
+@pytest.mark.parametrize("bad", [{"x": float("nan")}, {1: "a"}, {"x": {1, 2}}, ["text"]])
+def test_metadata_must_be_a_json_object_of_finite_values(tmp_path, bad):
+    w = ShardWriter(tmp_path / "tok", META)
+    with pytest.raises(ValueError, match="'a.wav': metadata"):
+        w.begin("a.wav", 1, 1, bad)

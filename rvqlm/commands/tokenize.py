@@ -12,7 +12,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="encode every audio file under a folder into token shards for LM training",
         description="Encode every audio file under AUDIO_DIR (recursively) with a codec into token shards in "
                     "OUT_DIR (layout: docs/formats.md). Rerunning the same command resumes an interrupted run. "
-                    "Files that cannot be read are listed in OUT_DIR/errors.jsonl; the exit code is 1 if any failed.",
+                    "Files that cannot be read are listed in OUT_DIR/errors.jsonl; the exit code is 1 if any failed. "
+                    "A Hugging Face audiofolder metadata.jsonl / metadata.csv in AUDIO_DIR (or a sub-folder) "
+                    "gives each file it names a `metadata` object in the manifest (e.g. text, speaker); "
+                    "rows that name no audio file, or a file twice, are listed in errors.jsonl too.",
     )
     p.add_argument("audio_dir", metavar="AUDIO_DIR", help="folder of audio files (wav, flac, ogg, mp3, ...)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="token folder to create or resume")
@@ -61,12 +64,17 @@ def run(args: argparse.Namespace) -> int:
     )
     for line in summary.lines():
         print(line)
-    if summary.errors:
-        shown = summary.errors[:10]
-        print(f"{len(summary.errors)} file(s) failed (all listed in {args.out_dir}/errors.jsonl):", file=sys.stderr)
-        for e in shown:
-            print(f"  {e['path']}: {e['reason']}", file=sys.stderr)
-        if len(summary.errors) > len(shown):
-            print(f"  ... and {len(summary.errors) - len(shown)} more", file=sys.stderr)
-        return 1
-    return 0
+    _show(summary.errors, f"file(s) failed (all listed in {args.out_dir}/errors.jsonl)")
+    _show(summary.metadata_errors, f"metadata row(s) could not be attached (all listed in {args.out_dir}/errors.jsonl)")
+    return 1 if summary.errors or summary.metadata_errors else 0
+
+
+def _show(errors: list[dict], what: str) -> None:
+    """The first ten errors on stderr, under a line counting them."""
+    if not errors:
+        return
+    print(f"{len(errors)} {what}:", file=sys.stderr)
+    for e in errors[:10]:
+        print(f"  {e['path']}: {e['reason']}", file=sys.stderr)
+    if len(errors) > 10:
+        print(f"  ... and {len(errors) - 10} more", file=sys.stderr)
