@@ -8,29 +8,38 @@ with training audio. Training code never reads the test split.
 Layout written::
 
     OUT/corpus.json                 # the split, per-file durations, source and settings
+    OUT/metadata.jsonl              # what each file says and who says it (Hugging Face audiofolder)
     OUT/{train,valid,test}/LEVEL/NAME.wav
 
 Writes are atomic and the job is resumable: files already converted are skipped, and
-`corpus.json` is written last, so its presence means the corpus is complete.
+`corpus.json` is written last, so its presence means the corpus is complete. `metadata.jsonl`
+comes from the game's dialog scripts (`rvqlm.dialogs`, Debian's `fillets-ng-data`): one row per
+file whose line has Czech text, `{"file_name": "train/airplane/let-m-divna.wav", "text": <Czech>,
+"text_en": <English>, "speaker": "font_small"}` (`speaker` absent when the script names no font).
+It is rebuilt from corpus.json on every `prepare_corpus` without decoding audio, so a corpus
+prepared before it existed gains it cheaply.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from codec.audio import AudioError, load_audio, save_audio
-from rvqlm_core.atomic import atomic_write_json
+from rvqlm.dialogs import FILLETS_SCRIPT_DIR, level_dialogs
+from rvqlm_core.atomic import atomic_write_json, atomic_write_text
 
 FILLETS_SOUND_DIR = Path(os.environ.get("RVQLM_FILLETS_DIR", "/usr/share/games/fillets-ng/sound"))
 DEFAULT_CORPUS_DIR = Path(os.environ.get("RVQLM_CORPUS_DIR", "data/fillets-cs-16k"))
 SPLITS = ("train", "valid", "test")
+METADATA = "metadata.jsonl"
 CORPUS_VERSION = 1
 
 
@@ -76,16 +85,91 @@ def prepare_corpus(
     *,
     max_files_per_split: int | None = None,
     sound_dir: Path = FILLETS_SOUND_DIR,
+    script_dir: Path = FILLETS_SCRIPT_DIR,
     progress: bool = True,
+    log: Callable[[str], None] | None = None,
 ) -> Path:
-    """Decode, resample and split the corpus into `out_dir`; return `out_dir`.
+    """Decode, resample and split the corpus into `out_dir`, then write its metadata.jsonl from the
+    dialog scripts under `script_dir`; return `out_dir`. `log` receives the metadata report's lines.
 
     max_files_per_split: keep only the first N files of each split (a quick subset for tests).
     A folder prepared with other settings is refused rather than mixed.
     """
     settings = {"version": CORPUS_VERSION, "sample_rate": sample_rate, "max_files_per_split": max_files_per_split}
-    return write_corpus(out_dir, lambda: list_source_files(sound_dir), settings, name="fillets-ng-data-cs",
-                        license="GPL-2+", progress=progress)
+    out = write_corpus(out_dir, lambda: list_source_files(sound_dir), settings, name="fillets-ng-data-cs",
+                       license="GPL-2+", progress=progress)
+    report = write_corpus_metadata(out, script_dir)
+    for line in report.lines() if log is not None else ():
+        log(line)
+    return out
+
+
+@dataclass
+class MetadataReport:
+    """What `write_corpus_metadata` found: how many files have their line, and which do not."""
+
+    files: int = 0
+    speakers: Counter = field(default_factory=Counter)  # rows per speaker ("" for none)
+    no_dialog: list[str] = field(default_factory=list)  # corpus paths no script names
+    no_text: list[str] = field(default_factory=list)  # named, but with no Czech text
+    missing_scripts: Path | None = None  # the script folder, when it is not installed
+
+    @property
+    def rows(self) -> int:
+        return sum(self.speakers.values())
+
+    def lines(self) -> list[str]:
+        if self.missing_scripts is not None:
+            return [f"no {METADATA} written: the dialog scripts are not installed ({self.missing_scripts} "
+                    "missing; Debian package fillets-ng-data, `make system-deps`)"]
+        top = ", ".join(f"{s or '(no font)'} {n}" for s, n in self.speakers.most_common())
+        return [f"{METADATA}: {self.rows} of {self.files} files have their line ({top})",
+                *_by_level("no line in the dialog scripts", self.no_dialog),
+                *_by_level("a line with no Czech text", self.no_text)]
+
+
+def _by_level(what: str, paths: list[str]) -> list[str]:
+    """'N files with WHAT:' then one line per level naming the files."""
+    levels: dict[str, list[str]] = {}
+    for p in paths:
+        levels.setdefault(Path(p).parent.name, []).append(Path(p).stem)
+    if not paths:
+        return []
+    return [f"{len(paths)} files with {what}:"] + [f"  {level}: {', '.join(names)}" for level, names in levels.items()]
+
+
+def write_corpus_metadata(corpus_dir: str | os.PathLike, script_dir: Path = FILLETS_SCRIPT_DIR) -> MetadataReport:
+    """Write `corpus_dir/metadata.jsonl` (module docstring) for the files of its corpus.json, from the
+    dialog scripts `script_dir/<level>/*dialogs_cs.lua`. Reads no audio; rewrites the file only when
+    its content changes. Without the scripts it writes nothing and says so in the report."""
+    corpus_dir = Path(corpus_dir)
+    entries = _read_meta(corpus_dir)["files"]
+    report = MetadataReport(files=len(entries))
+    if not Path(script_dir).is_dir():
+        report.missing_scripts = Path(script_dir)
+        return report
+    dialogs: dict[str, dict] = {}
+    lines = []
+    for e in entries:
+        if e["level"] not in dialogs:
+            dialogs[e["level"]] = level_dialogs(Path(script_dir) / e["level"])
+        d = dialogs[e["level"]].get(Path(e["path"]).stem)
+        if d is None:
+            report.no_dialog.append(e["path"])
+        elif not (d.text or "").strip():
+            report.no_text.append(e["path"])
+        else:
+            row = {"file_name": e["path"], "text": d.text.strip(), "text_en": d.text_en.strip()}
+            row.update({"speaker": d.font} if d.font else {})
+            report.speakers[d.font] += 1
+            lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+    _write_if_changed(corpus_dir / METADATA, "".join(lines))
+    return report
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        atomic_write_text(path, text)
 
 
 def write_corpus(out_dir: str | os.PathLike, list_files: Callable[[], list[CorpusFile]], settings: dict, *,
@@ -132,17 +216,22 @@ def corpus_subset(corpus_dir: str | os.PathLike, out_dir: str | os.PathLike, per
     meta = _read_meta(source)
     settings = {**meta["settings"], "subset_of": str(source), "files_per_split": per_split}
     meta_path = out / "corpus.json"
-    if meta_path.exists():
-        if json.loads(meta_path.read_text()).get("settings") == settings:
-            return out
-        raise CorpusError(f"{out} holds another corpus than the first {per_split} files per split of {source}")
     entries = _first_per_split(meta["files"], per_split, lambda e: e["split"])
-    for e in entries:
-        link = out / e["path"]
-        if not link.is_symlink():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(source / e["path"])
-    atomic_write_json(meta_path, {**meta, "settings": settings, "minutes": _minutes(entries), "files": entries})
+    if meta_path.exists():
+        if json.loads(meta_path.read_text()).get("settings") != settings:
+            raise CorpusError(f"{out} holds another corpus than the first {per_split} files per split of {source}")
+    else:
+        for e in entries:
+            link = out / e["path"]
+            if not link.is_symlink():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(source / e["path"])
+        atomic_write_json(meta_path, {**meta, "settings": settings, "minutes": _minutes(entries), "files": entries})
+    if (source / METADATA).is_file():  # the rows of the subset's files, as in the source
+        kept = {e["path"] for e in entries}
+        lines = (source / METADATA).read_text(encoding="utf-8").split("\n")  # not splitlines: U+2028 in texts
+        _write_if_changed(out / METADATA, "".join(line + "\n" for line in lines
+                                                  if line and json.loads(line)["file_name"] in kept))
     return out
 
 

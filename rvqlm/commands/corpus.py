@@ -8,7 +8,9 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("corpus", help="prepare the built-in real-speech corpus (fillets-ng-data-cs)")
     csub = p.add_subparsers(dest="corpus_command", required=True, metavar="ACTION")
-    prep = csub.add_parser("prepare", help="decode to 16-bit mono wav and split by level into train/valid/test")
+    prep = csub.add_parser("prepare", help="decode to 16-bit mono wav and split by level into train/valid/test; "
+                                           "write metadata.jsonl (each file's Czech line, English line and "
+                                           "speaker, from Debian's fillets-ng-data dialog scripts)")
     prep.add_argument("--voices", action="store_true",
                       help="prepare the voices corpus instead (other speakers and languages, Debian's "
                            "asterisk-core-sounds-*-g722; `make voices` installs them) into data/voices-16k")
@@ -24,8 +26,11 @@ def run_prepare(args: argparse.Namespace) -> int:
     from rvqlm.corpus import DEFAULT_CORPUS_DIR, prepare_corpus
     from rvqlm.voices import DEFAULT_VOICES_DIR, prepare_voices
 
-    prepare, default = (prepare_voices, DEFAULT_VOICES_DIR) if args.voices else (prepare_corpus, DEFAULT_CORPUS_DIR)
-    out = prepare(args.out or default, args.sample_rate, max_files_per_split=args.max_files_per_split)
+    if args.voices:
+        out = prepare_voices(args.out or DEFAULT_VOICES_DIR, args.sample_rate, max_files_per_split=args.max_files_per_split)
+    else:  # also writes metadata.jsonl (text and speaker of each file) and prints how many files have a line
+        out = prepare_corpus(args.out or DEFAULT_CORPUS_DIR, args.sample_rate,
+                             max_files_per_split=args.max_files_per_split, log=print)
     meta = json.loads((out / "corpus.json").read_text())
     print(f"corpus ready in {out}: minutes per split {meta['minutes']}, {len(meta['skipped'])} files skipped")
     return 0
