@@ -63,6 +63,19 @@ def render_spectrogram(wav: torch.Tensor, sample_rate: int, path: str | os.PathL
     return path
 
 
+def write_clip(out_dir: str | os.PathLike, stem: str, wav: torch.Tensor, sample_rate: int, label: str,
+               metrics: dict[str, str]) -> ReportClip:
+    """Write one clip `[C, S]` as `audio/<stem>.wav` and its spectrogram as `img/<stem>.png` under
+    `out_dir`, and describe it for the page."""
+    from codec.audio import save_audio
+
+    out = Path(out_dir)
+    wav_rel, png_rel = Path("audio") / f"{stem}.wav", Path("img") / f"{stem}.png"
+    save_audio(out / wav_rel, wav, sample_rate)
+    render_spectrogram(wav, sample_rate, out / png_rel, title=label)
+    return ReportClip(label, wav_rel, png_rel, metrics)
+
+
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
 h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ccc; }

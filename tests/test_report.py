@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from codec.audio import load_audio, save_audio
-from rvqlm.report import ReportClip, ReportSection, render_spectrogram, write_report
+from codec.audio import load_audio
+from rvqlm.report import ReportClip, ReportSection, write_clip, write_report
 
 
 def _chromium_driver():
@@ -31,9 +31,9 @@ def _make_report(tmp_path: Path, files: list[Path]) -> Path:
     row = []
     for i, f in enumerate(files):
         wav = load_audio(f, 16000, 1)
-        save_audio(tmp_path / f"clip{i}.wav", wav, 16000)
-        render_spectrogram(wav, 16000, tmp_path / f"clip{i}.png", title=f.name)
-        row.append(ReportClip(f"clip {i}", Path(f"clip{i}.wav"), Path(f"clip{i}.png"), {"seconds": f"{wav.shape[1] / 16000:.2f}"}))
+        seconds = {"seconds": f"{wav.shape[1] / 16000:.2f}"}
+        row.append(write_clip(tmp_path, f"clip{i}", wav, 16000, f"clip {i}", seconds))
+    assert [c.wav.as_posix() for c in row] == [f"audio/clip{i}.wav" for i in range(len(files))]
     return write_report(tmp_path, "rvqlm test report", [ReportSection("Real speech", "two held-out lines", [row])],
                         tables={"metrics": [{"model": "none", "mel distance": "0.0"}]})
 
