@@ -3,7 +3,9 @@
 Its stages, each a function a user can also call:
 
 1. `prepare_corpus` (rvqlm/corpus.py): the built-in corpus (Czech speech, split by level);
-2. `load_codec`, `reconstruct`: held-out test lines through the shipped codec at several bitrates;
+2. `load_codec`, `reconstruct`: held-out test lines through the shipped codec at several bitrates,
+   and `foreign_speaker_clips` (rvqlm/foreign_clips.py): lines of speakers it never trained on
+   (the voices corpus's test split, when `make voices` has prepared it) against Opus 6 kbps;
 3. `tokenize_corpus`: the corpus as codec tokens (resumable: a second run reuses them);
 4. `demo_lm`: the shipped LM fine-tuned for a few minutes (or a small LM trained when it does not
    fit the codec, or the shipped LM as it is), held-out NLL on the valid split;
@@ -23,8 +25,11 @@ from pathlib import Path
 
 import torch
 
-from codec.audio import save_audio
-from rvqlm.report import ReportClip, render_spectrogram
+from rvqlm.foreign_clips import TABLE as FOREIGN_TABLE
+from rvqlm.foreign_clips import TITLE as FOREIGN_TITLE
+from rvqlm.foreign_clips import ForeignClips, foreign_speaker_clips
+from rvqlm.report import ReportClip, write_clip
+from rvqlm.voices import DEFAULT_VOICES_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_CODEC = REPO / "models" / "codec-speech-16k"
@@ -39,6 +44,8 @@ class DemoSettings:
     work_dir: Path = REPO / "data" / "demo"
     corpus_dir: Path = REPO / "data" / "fillets-cs-16k"
     corpus_files_per_split: int | None = None  # a quick subset: the first N files of each split
+    voices_dir: Path = REPO / DEFAULT_VOICES_DIR  # foreign-speaker clips from its test split, when prepared
+    foreign_clips: int = 4  # lines of its test split shown (4: each of its 3 speakers, then one more)
     tokens_dir: Path | None = None  # default data/tokens/fillets-cs-16k-<codec token fingerprint[:12]>
     codec_dir: Path = SHIPPED_CODEC
     lm_init: Path = SHIPPED_LM
@@ -96,6 +103,7 @@ def run_demo(s: DemoSettings = DemoSettings()) -> Path:
     init = shipped_lm_for(s, codec)
     prompts = pick_prompts(corpus_files(corpus, "test"), s.n_prompts, s.prompt_seconds + 1.0)
     recon = reconstruct(codec, prompts, out)
+    foreign = foreign_speaker_clips(codec, s.voices_dir, s.foreign_clips, out, say)
 
     say("3/6 tokenizing the corpus (resumes if already done)")
     tokens_dir = tokenize_corpus(s, corpus, codec)
@@ -108,7 +116,7 @@ def run_demo(s: DemoSettings = DemoSettings()) -> Path:
     continuations = continue_prompts(s, codec, model, prompts, out)
 
     say("6/6 writing the listening report")
-    page = write_demo_report(s, codec, init, recon, continuations, held_out, say.minutes())
+    page = write_demo_report(s, codec, init, recon, foreign, continuations, held_out, say.minutes())
     say(f"done in {say.minutes():.1f} min: open {page}")
     return page
 
@@ -153,7 +161,7 @@ def reconstruct(codec, prompts: list[Path], out: Path) -> Samples:
     for i, f in enumerate(prompts):
         wav = load_audio(f, sr, codec.channels)  # [C, S]
         name = f"prompt{i + 1}"
-        clips = [_clip(out, f"{name}-original", wav, sr, f"original ({f.parent.name}/{f.name})", {})]
+        clips = [write_clip(out, f"{name}-original", wav, sr, f"original ({f.parent.name}/{f.name})", {})]
         for k in ladder:
             with torch.inference_mode():
                 rec = codec.decode(codec.encode(wav.unsqueeze(0), n_q=k))[0, :, : wav.shape[-1]]
@@ -161,7 +169,7 @@ def reconstruct(codec, prompts: list[Path], out: Path) -> Samples:
                  "mel distance": f"{mel_distance(rec[None], wav[None], sr).item():.3f}",
                  "SI-SDR dB": f"{si_sdr(rec[None], wav[None]).item():.1f}"}
             done.table.append({"clip": name, "codebooks": str(k), **m})
-            clips.append(_clip(out, f"{name}-recon-{k}cb", rec, sr, f"reconstruction, {k} codebooks", m))
+            clips.append(write_clip(out, f"{name}-recon-{k}cb", rec, sr, f"reconstruction, {k} codebooks", m))
         done.rows.append(clips)
     return done
 
@@ -261,19 +269,22 @@ def continue_prompts(s: DemoSettings, codec, model, prompts: list[Path], out: Pa
         m = {"real-time factor": f"{seconds / s.continuation_seconds:.2f}", "model NLL nats/token": f"{nll:.2f}"}
         done.table.append({"clip": name, **m})
         done.rows.append([
-            _clip(out, f"{name}-prompt", prompt_audio, sr, f"prompt ({s.prompt_seconds:g} s, codec tokens)", {}),
-            _clip(out, f"{name}-continuation", audio, sr, f"prompt + {s.continuation_seconds:g} s continuation", m),
+            write_clip(out, f"{name}-prompt", prompt_audio, sr, f"prompt ({s.prompt_seconds:g} s, codec tokens)", {}),
+            write_clip(out, f"{name}-continuation", audio, sr,
+                       f"prompt + {s.continuation_seconds:g} s continuation", m),
         ])
     return done
 
 
-def write_demo_report(s: DemoSettings, codec, init: Path | None, recon: Samples, continuations: Samples,
-                      held_out: dict, minutes: float) -> Path:
+def write_demo_report(s: DemoSettings, codec, init: Path | None, recon: Samples, foreign: ForeignClips,
+                      continuations: Samples, held_out: dict, minutes: float) -> Path:
     """`index.html` (notes, tables, clips) and `metrics.json` (the tables) in `s.samples_dir`."""
     from rvqlm.report import ReportSection, write_report
+    from rvqlm_core.atomic import atomic_write_text
 
     out = Path(s.samples_dir)
-    tables = {"Reconstruction of held-out speech": recon.table, "Continuations": continuations.table,
+    tables = {"Reconstruction of held-out speech": recon.table,
+              **({FOREIGN_TABLE: foreign.table} if foreign.table else {}), "Continuations": continuations.table,
               "Held-out negative log-likelihood, valid split (nats/token)": [
                   {"codebook": str(c), "LM": f"{v:.3f}", "unigram baseline": f"{u:.3f}"}
                   for c, (v, u) in enumerate(zip(held_out["nll_per_codebook"], held_out["unigram_nll_per_codebook"]))]}
@@ -282,20 +293,13 @@ def write_demo_report(s: DemoSettings, codec, init: Path | None, recon: Samples,
              f"{codec.frame_rate:g} Hz. LM: {_lm_words(s, init)}. Demo wall time {minutes:.1f} min.")
     sections = [
         ReportSection("Codec reconstructions", "Held-out lines through the codec at several bitrates.", recon.rows),
+        ReportSection(FOREIGN_TITLE, foreign.description, foreign.rows),
         ReportSection("LM continuations", "The first seconds of each held-out line are the prompt; the rest is "
                       f"sampled ({_sampling_words(s)}).", continuations.rows),
     ]
     page = write_report(out, "rvqlm demo: speech codec and LM continuations", sections, tables, notes)
-    (out / "metrics.json").write_text(json.dumps(tables, indent=2) + "\n")
+    atomic_write_text(out / "metrics.json", json.dumps(tables, indent=2) + "\n")
     return page
-
-
-def _clip(out: Path, stem: str, wav: torch.Tensor, sr: int, label: str, metrics: dict) -> ReportClip:
-    """Write one clip's wav and spectrogram under `out` and describe it for the report."""
-    wav_rel, png_rel = Path("audio") / f"{stem}.wav", Path("img") / f"{stem}.png"
-    save_audio(out / wav_rel, wav, sr)
-    render_spectrogram(wav, sr, out / png_rel, title=label)
-    return ReportClip(label, wav_rel, png_rel, metrics)
 
 
 def _lm_stage_words(s: DemoSettings, init: Path | None) -> str:

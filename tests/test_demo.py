@@ -1,28 +1,58 @@
 """`rvqlm demo` end to end at its smallest settings: the shipped codec and LM on a subset of the
-built-in corpus, one short prompt; the report, its clips and metrics.json are checked for content."""
+built-in corpus, one short prompt, two foreign-speaker clips from a voices corpus in miniature; the
+report, its clips and metrics.json are checked for content."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import sys
 
 import pytest
+import torch
 
-from codec.audio import audio_info, load_audio
+from codec.audio import audio_info, load_audio, save_audio
 from rvqlm.cli import main
 from rvqlm.demo import SHIPPED_CODEC
+from rvqlm.foreign_clips import TABLE as FOREIGN_TABLE
+from rvqlm.foreign_clips import foreign_speaker_clips, pick_foreign_clips
 
 PROMPT_SECONDS, SECONDS = 1.0, 0.5
+SPEAKER_A, SPEAKER_B = "aa_AA_f_One", "bb_BB_m_Two"
+# (split, speaker, name, seconds): lines of a voices corpus in miniature, cut from held-out speech
+FAKE_VOICES = (("test", SPEAKER_A, "a-short.wav", 1.0), ("test", SPEAKER_A, "b-fits.wav", 3.2),
+               ("test", SPEAKER_B, "a-long.wav", 9.0), ("test", SPEAKER_B, "b-fits.wav", 3.5),
+               ("test", SPEAKER_B, "sub/c-fits.wav", 3.1), ("train", "cc_CC_m_Three", "fits.wav", 3.3))
+SYSTEMS = ["original", "ours N_c=4", "ours N_c=8", "Opus 6 kbps"]
 
 
 @pytest.fixture(scope="module")
-def demo(corpus_dir, tmp_path_factory):
+def fake_voices(speech_files, tmp_path_factory):
+    """A prepared voices corpus (rvqlm.corpus.write_corpus, as `make voices` writes it) of FAKE_VOICES:
+    two test speakers with lines too short, too long and 3-8 s, and a training speaker."""
+    from rvqlm.corpus import CorpusFile, write_corpus
+
+    root = tmp_path_factory.mktemp("voices")
+    speech, files, start = torch.cat([load_audio(f, 16000, 1) for f in speech_files["test"][:40]], dim=1), [], 0
+    for split, speaker, name, seconds in FAKE_VOICES:
+        n = int(seconds * 16000)
+        assert start + n <= speech.shape[1], "not enough held-out speech for the fake voices"
+        source = save_audio(root / "src" / speaker / name, speech[:, start:start + n], 16000)
+        files.append(CorpusFile(split, speaker, source, f"{split}/{speaker}/{name}"))
+        start += n
+    return write_corpus(root / "voices", lambda: files, {"sample_rate": 16000}, name="fake voices", license="test",
+                        progress=False)
+
+
+@pytest.fixture(scope="module")
+def demo(corpus_dir, fake_voices, tmp_path_factory):
     """One small demo run: (samples folder, work folder)."""
     root = tmp_path_factory.mktemp("demo")
     code = main(["demo", "--samples", str(root / "samples"), "--work-dir", str(root / "work"),
                  "--corpus", str(corpus_dir), "--corpus-files", "4", "--lm-minutes", "0", "--prompts", "1",
-                 "--prompt-seconds", str(PROMPT_SECONDS), "--seconds", str(SECONDS)])
+                 "--prompt-seconds", str(PROMPT_SECONDS), "--seconds", str(SECONDS),
+                 "--voices", str(fake_voices), "--foreign-clips", "2"])
     assert code == 0
     return root / "samples", root / "work"
 
@@ -32,12 +62,14 @@ def test_demo_writes_a_report_whose_clips_exist(demo):
     page = (samples / "index.html").read_text()
     assert "<title>rvqlm demo: speech codec and LM continuations</title>" in page
     for heading in ("Reconstruction of held-out speech", "Continuations", "Codec reconstructions",
-                    "LM continuations", "Held-out negative log-likelihood, valid split (nats/token)"):
+                    "LM continuations", "Held-out negative log-likelihood, valid split (nats/token)",
+                    "Foreign speakers", FOREIGN_TABLE):
         assert f"<h2>{heading}</h2>" in page
     assert "the shipped lm-speech-16k as it is" in page and "plain sampling" in page
     linked = re.findall(r"src='([^']+)'", page)
     stems = ["prompt1-original", "prompt1-recon-1cb", "prompt1-recon-4cb", "prompt1-recon-8cb",
              "prompt1-prompt", "prompt1-continuation"]
+    stems += [f"foreign{i}-{s}" for i in (1, 2) for s in ("original", "4cb", "8cb", "opus")]
     assert sorted(linked) == sorted([f"audio/{s}.wav" for s in stems] + [f"img/{s}.png" for s in stems])
     for rel in linked:
         assert (samples / rel).stat().st_size > 1000, rel
@@ -63,8 +95,8 @@ def test_demo_clips_have_the_lengths_asked_for_and_hold_sound(demo):
 def test_demo_metrics_json_holds_the_report_tables(demo):
     samples, work = demo
     tables = json.loads((samples / "metrics.json").read_text())
-    recon, cont, nll = tables.values()
-    assert list(tables) == ["Reconstruction of held-out speech", "Continuations",
+    recon, _, cont, nll = tables.values()
+    assert list(tables) == ["Reconstruction of held-out speech", FOREIGN_TABLE, "Continuations",
                             "Held-out negative log-likelihood, valid split (nats/token)"]
     assert [(r["codebooks"], r["kbps"]) for r in recon] == [("1", "0.5"), ("4", "2.0"), ("8", "4.0")]
     mel = [float(r["mel distance"]) for r in recon]
@@ -76,6 +108,77 @@ def test_demo_metrics_json_holds_the_report_tables(demo):
     tokens = next(work.glob("tokens-4-per-split-*"))  # only the subset was tokenized, under --work-dir
     assert len([f for f in (work / "corpus-4-per-split").rglob("*.wav")]) == 12
     assert tokens.is_dir() and not (work / "lm").exists()  # --lm-minutes 0: no training run
+
+
+def test_demo_shows_foreign_speaker_clips_with_their_scores(demo, fake_voices):
+    """--foreign-clips 2: one 3-8 s test line per speaker, each a row of original / ours 2 kbps / ours
+    4 kbps / Opus 6 kbps with its scores on the page and in metrics.json."""
+    samples, _ = demo
+    page = (samples / "index.html").read_text()
+    section = page.split("<h2>Foreign speakers</h2>")[1].split("<h2>")[0]
+    assert section.count("<div class='row'>") == 2 and section.count("<div class='clip'>") == 8
+    assert f"original ({SPEAKER_A}/b-fits.wav)" in section and f"original ({SPEAKER_B}/b-fits.wav)" in section
+    assert section.count("DNSMOS OVRL (ceiling): ") == 2 and section.count("PESQ-WB: ") == 6
+    for label in ("ours at 2 kbps (N_c = 4)", "ours at 4 kbps (N_c = 8)", "Opus at 6 kbps"):
+        assert section.count(f"<div class='label'>{label}</div>") == 2
+    assert "Opus left out" not in section and "n/a" not in section
+    table = json.loads((samples / "metrics.json").read_text())[FOREIGN_TABLE]
+    assert [(r["clip"], r["speaker"], r["system"]) for r in table] == [
+        (f"foreign{i}", speaker, system) for i, speaker in ((1, SPEAKER_A), (2, SPEAKER_B)) for system in SYSTEMS]
+    assert {tuple(r) for r in table} == {("clip", "speaker", "system", "kbps", "STOI", "PESQ-WB", "DNSMOS OVRL")}
+    for r in table:
+        assert 1 < float(r["DNSMOS OVRL"]) < 5, r
+        if r["system"] == "original":
+            assert r["kbps"] == r["STOI"] == r["PESQ-WB"] == "-"
+        else:
+            assert 0.3 < float(r["STOI"]) <= 1 and 1 <= float(r["PESQ-WB"]) <= 4.64, r
+    assert [r["kbps"] for r in table if r["system"].startswith("ours")] == ["2.0", "4.0"] * 2
+    assert all(5 < float(r["kbps"]) < 7.5 for r in table if r["system"].startswith("Opus"))
+    for i, speaker in ((1, SPEAKER_A), (2, SPEAKER_B)):
+        frames = audio_info(fake_voices / "test" / speaker / "b-fits.wav").frames
+        for s in ("original", "4cb", "8cb", "opus"):  # aligned to the original, cut to its length
+            assert audio_info(samples / "audio" / f"foreign{i}-{s}.wav").frames == frames
+
+
+def test_pick_foreign_clips_takes_each_speaker_in_turn_and_only_3_to_8_s(fake_voices):
+    from rvqlm.corpus import CorpusError
+
+    def picked(n, **kw):
+        return [f.relative_to(fake_voices).as_posix() for f in pick_foreign_clips(fake_voices, n, **kw)]
+
+    a, b, c = f"test/{SPEAKER_A}/b-fits.wav", f"test/{SPEAKER_B}/b-fits.wav", f"test/{SPEAKER_B}/sub/c-fits.wav"
+    assert picked(4) == [a, b, c]  # speaker A has one line that fits; the train split is never used
+    assert picked(2) == [a, b] and picked(1) == [a]
+    assert picked(4, min_seconds=0.5, max_seconds=1.5) == [f"test/{SPEAKER_A}/a-short.wav"]
+    with pytest.raises(CorpusError, match="20-30 s long"):
+        pick_foreign_clips(fake_voices, 2, min_seconds=20, max_seconds=30)
+
+
+def test_foreign_clips_say_n_a_for_a_missing_metric_and_leave_opus_out_without_ffmpeg(fake_voices, tmp_path,
+                                                                                      monkeypatch):
+    from codec import Codec, CodecConfig
+
+    codec = Codec(CodecConfig(encoder_channels=2, decoder_channels=4, latent_dim=8, n_codebooks=2,
+                              codebook_size=16, dilations=(1,))).eval()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ffmpeg on it
+    monkeypatch.setitem(sys.modules, "pesq", None)  # as if the pesq package were not installed
+    said = []
+    done = foreign_speaker_clips(codec, fake_voices, 1, tmp_path / "out", said.append)
+    assert [r["system"] for r in done.table] == ["original", "ours N_c=2"]  # the tiny codec's N_c at most 2
+    assert done.table[1]["PESQ-WB"] == "n/a" and done.table[1]["DNSMOS OVRL"] != "n/a"
+    assert "Opus left out: ffmpeg is not installed" in done.description
+    assert "n/a: PESQ-WB (pesq not installed)" in done.description
+    assert [len(row) for row in done.rows] == [2] and (tmp_path / "out" / "audio" / "foreign1-2cb.wav").is_file()
+    assert len(said) == 1 and said[0].startswith("foreign-speaker clips: 1 scored in ")
+
+
+def test_foreign_clips_are_one_line_saying_how_to_add_them_without_a_prepared_voices_corpus(tmp_path):
+    said = []
+    for folder, state in ((tmp_path / "none", "is missing"), (tmp_path, "is incomplete (no corpus.json)")):
+        done = foreign_speaker_clips(None, folder, 4, tmp_path / "out", said.append)  # no codec needed
+        assert done.rows == [] and done.table == [] and said[-1] == done.description
+        assert f"the voices corpus {folder} {state}; add it with `make voices`" in done.description
+    assert not (tmp_path / "out").exists()
 
 
 def test_demo_refuses_to_skip_training_when_the_shipped_lm_does_not_fit(tmp_path, corpus_dir, capsys):
@@ -92,26 +195,35 @@ def test_demo_refuses_to_skip_training_when_the_shipped_lm_does_not_fit(tmp_path
     assert not list((tmp_path / "work").glob("tokens-*"))  # refused before the slow stages
 
 
-@pytest.mark.parametrize("flag", [["--lm-minutes", "-1"], ["--corpus-files", "0"], ["--prompts", "0"]])
+@pytest.mark.parametrize("flag", [["--lm-minutes", "-1"], ["--corpus-files", "0"], ["--prompts", "0"],
+                                  ["--foreign-clips", "-1"]])
 def test_demo_refuses_bad_settings(tmp_path, flag, capsys):
     assert main(["demo", "--samples", str(tmp_path), *flag]) == 2
     assert "must be" in capsys.readouterr().err
     assert not (tmp_path / "index.html").exists()
 
 
-def test_demo_fine_tunes_the_shipped_lm_for_its_time_budget(demo, corpus_dir, tmp_path):
+def test_demo_fine_tunes_the_shipped_lm_for_its_time_budget(demo, corpus_dir, tmp_path, capsys):
     """The path `make demo` takes: the shipped LM fine-tuned with its recipe (here for 6 s, the
-    shortest budget), exported, and used for the continuations."""
+    shortest budget), exported, and used for the continuations; and on a fresh clone, without the
+    voices corpus, the page and the demo's output say in one line how to add the foreign speakers."""
     _, first_work = demo
     tokens = next(first_work.glob("tokens-4-per-split-*"))  # tokenized by the first run: reused
     samples, work = tmp_path / "samples", tmp_path / "work"
     assert main(["demo", "--samples", str(samples), "--work-dir", str(work), "--corpus", str(corpus_dir),
                  "--corpus-files", "4", "--tokens", str(tokens), "--lm-minutes", "0.05", "--prompts", "1",
-                 "--prompt-seconds", str(PROMPT_SECONDS), "--seconds", str(SECONDS)]) == 0
+                 "--prompt-seconds", str(PROMPT_SECONDS), "--seconds", str(SECONDS),
+                 "--voices", str(tmp_path / "no-voices")]) == 0
     assert (work / "lm" / "pretrained" / "model.safetensors").is_file()
-    assert "LM: the shipped lm-speech-16k fine-tuned for 0.1 min" in (samples / "index.html").read_text()
-    nll = json.loads((samples / "metrics.json").read_text())[
-        "Held-out negative log-likelihood, valid split (nats/token)"]
+    page = (samples / "index.html").read_text()
+    assert "LM: the shipped lm-speech-16k fine-tuned for 0.1 min" in page
+    hint = f"the voices corpus {tmp_path / 'no-voices'} is missing; add it with `make voices`"
+    assert f"<h2>Foreign speakers</h2><p>Foreign-speaker clips left out: {hint}" in page
+    assert [line for line in capsys.readouterr().out.splitlines() if hint in line] != []
+    assert "foreign" not in " ".join(re.findall(r"src='([^']+)'", page))
+    tables = json.loads((samples / "metrics.json").read_text())
+    assert FOREIGN_TABLE not in tables
+    nll = tables["Held-out negative log-likelihood, valid split (nats/token)"]
     assert len(nll) == 8 and all(0 < float(r["LM"]) < math.log(1024) + 1 for r in nll)
     assert not list(work.glob("tokens-*"))  # --tokens: no second token folder
 

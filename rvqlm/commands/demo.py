@@ -17,6 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="token folder (default data/tokens/fillets-cs-16k-<codec token fingerprint>, or under "
                         "--work-dir for a subset)")
     p.add_argument("--codec", type=Path, default=None, help="codec folder (default models/codec-speech-16k)")
+    p.add_argument("--voices", type=Path, default=None,
+                   help="prepared voices corpus for the foreign-speaker clips (default data/voices-16k; "
+                        "`make voices` prepares it, and without it the page says so)")
+    p.add_argument("--foreign-clips", type=int, default=4,
+                   help="foreign-speaker clips from its test split (default 4: every test speaker)")
     p.add_argument("--lm-recipe", type=Path, default=None, help="default recipes/lm_demo.yaml")
     p.add_argument("--lm-minutes", type=float, default=4.0,
                    help="LM training time budget (default 4; 0: the shipped LM as it is)")
@@ -34,9 +39,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--prompts, --prompt-seconds and --seconds must be positive, --lm-minutes >= 0")
     if args.corpus_files is not None and args.corpus_files < 1:
         raise ValueError("--corpus-files must be >= 1")
+    if args.foreign_clips < 0:
+        raise ValueError("--foreign-clips must be >= 0")
     paths = {"samples_dir": args.samples, "work_dir": args.work_dir, "corpus_dir": args.corpus,
-             "tokens_dir": args.tokens, "codec_dir": args.codec, "lm_recipe": args.lm_recipe}
+             "tokens_dir": args.tokens, "codec_dir": args.codec, "lm_recipe": args.lm_recipe,
+             "voices_dir": args.voices}
     run_demo(DemoSettings(**{k: v for k, v in paths.items() if v is not None}, lm_minutes=args.lm_minutes,
-                          corpus_files_per_split=args.corpus_files, n_prompts=args.prompts,
+                          corpus_files_per_split=args.corpus_files, foreign_clips=args.foreign_clips,
+                          n_prompts=args.prompts,
                           prompt_seconds=args.prompt_seconds, continuation_seconds=args.seconds, seed=args.seed))
     return 0
