@@ -7,6 +7,11 @@ embedding table has two extra rows for special ids the heads never predict:
     pad_id = |V|        padding, and positions the codebook pattern marks invalid
     bos_id = |V| + 1    the start symbol x_0 (docs/theory.md, seed 000): the first model input
 
+A conditioned LM (`condition` set, see lm.conditioning) also predicts an end-of-audio id, so its
+heads have |V| + 1 outputs and the specials move up by one: end_id = |V|, pad_id = |V| + 1,
+bos_id = |V| + 2 (see lm.end_of_audio). Without `condition` the ids, the heads and the saved
+config are exactly those of an unconditioned LM.
+
 Lengths. `max_seq_len` counts model positions, i.e. steps of the codebook pattern: with the
 delay pattern, T frames take T + N_c - 1 positions.
 """
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rvqlm_core.settings import settings_from_dict
@@ -24,6 +29,48 @@ NORMS = ("rmsnorm", "layernorm")
 FFNS = ("swiglu", "gelu", "relu")
 POSITIONS = ("rope", "sinusoidal", "learned")
 PATTERNS = ("delay", "parallel")
+
+
+@dataclass
+class ConditionConfig:
+    """The condition encoder of a conditioned LM (lm.conditioning): a speaker table, the longest
+    text it reads (UTF-8 bytes), its depth, and the rates at which training drops text and speaker
+    (independently) to their learned null conditions. Speaker i of `speakers` has id i; the null
+    speaker is id len(speakers)."""
+
+    speakers: list[str] = field(default_factory=list)
+    text_max_bytes: int = 256
+    encoder_layers: int = 2
+    text_dropout: float = 0.1
+    speaker_dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.speakers, (list, tuple)) or not all(isinstance(s, str) and s for s in self.speakers):
+            raise ValueError(f"condition.speakers must be a list of non-empty names, got {self.speakers!r}")
+        self.speakers = list(self.speakers)
+        if len(set(self.speakers)) != len(self.speakers):
+            raise ValueError(f"condition.speakers names a speaker twice: {self.speakers}")
+        for name, low in (("text_max_bytes", 1), ("encoder_layers", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"condition.{name} must be an integer >= {low}, got {value!r}")
+        for name in ("text_dropout", "speaker_dropout"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"condition.{name} must be in [0, 1], got {getattr(self, name)!r}")
+
+    @property
+    def null_speaker(self) -> int:
+        return len(self.speakers)
+
+    def speaker_id(self, name: str) -> int:
+        """The id of speaker `name`; ValueError naming the known speakers."""
+        if name not in self.speakers:
+            raise ValueError(f"unknown speaker {name!r}; this LM knows: {', '.join(self.speakers) or '(none)'}")
+        return self.speakers.index(name)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "LM condition config") -> "ConditionConfig":
+        return settings_from_dict(cls, data, source)
 
 
 @dataclass
@@ -46,8 +93,14 @@ class LMConfig:
     bias: bool = False
     norm_eps: float = 1e-5
     codec_fingerprint: str | None = None  # the codec the training tokens came from
+    condition: ConditionConfig | None = None  # None: an unconditioned LM (no encoder, no end-of-audio id)
 
     def __post_init__(self) -> None:
+        if isinstance(self.condition, dict):
+            self.condition = ConditionConfig.from_dict(self.condition)
+        if self.condition is not None and not isinstance(self.condition, ConditionConfig):
+            raise ValueError(f"LMConfig.condition must be a ConditionConfig, a dict of one, or None, "
+                             f"got {type(self.condition).__name__}")
         def positive_int(name: str) -> None:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -70,6 +123,8 @@ class LMConfig:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.pos == "rope" and self.head_dim % 2:
             raise ValueError(f"RoPE rotates feature pairs, so the head dimension ({self.head_dim}) must be even")
+        if self.condition is not None and self.head_dim % 2:
+            raise ValueError(f"the condition encoder uses RoPE, so the head dimension ({self.head_dim}) must be even")
         if self.pos == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"the sinusoidal encoding needs an even d_model, got {self.d_model}")
         if not 0.0 <= self.dropout < 1.0:
@@ -84,17 +139,27 @@ class LMConfig:
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
+    def end_id(self) -> int | None:
+        """The end-of-audio id of a conditioned LM (None without `condition`)."""
+        return None if self.condition is None else self.codebook_size
+
+    @property
+    def n_outputs(self) -> int:
+        """Logits per head: |V| codes, plus end-of-audio in a conditioned LM."""
+        return self.codebook_size + (self.condition is not None)
+
+    @property
     def pad_id(self) -> int:
-        return self.codebook_size
+        return self.n_outputs
 
     @property
     def bos_id(self) -> int:
-        return self.codebook_size + 1
+        return self.n_outputs + 1
 
     @property
     def embedding_rows(self) -> int:
-        """Rows of each codebook's embedding table: |V| codes + pad + bos."""
-        return self.codebook_size + 2
+        """Rows of each codebook's embedding table: the head's outputs + pad + bos."""
+        return self.n_outputs + 2
 
     @property
     def kv_heads(self) -> int:
@@ -119,7 +184,11 @@ class LMConfig:
 
     # ---- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as plain JSON values; an unconditioned LM's has no `condition` key (as before it existed)."""
+        out = dataclasses.asdict(self)
+        if self.condition is None:
+            del out["condition"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "LM config") -> "LMConfig":

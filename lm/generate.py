@@ -10,6 +10,10 @@ Generation walks the codebook pattern's steps left to right:
 The prompt's steps go through the model in one batched "prefill" pass; after it each step feeds one
 position into a KV cache preallocated for the whole generation.
 
+A conditioned LM reads a text and a speaker (lm.conditioning) through cross-attention whose keys
+and values are computed once per sequence, with classifier-free guidance (lm.guidance), and stops
+each row where codebook 0 chooses the end-of-audio id (lm.end_of_audio), or at max_new_frames.
+
 Past the trained context (W = `max_seq_len` positions), `sink=True` (the default) keeps bos in view
 as every training window does: a ring cache with a sink slot (RoPE, see lm.kv_cache), or a
 recompute of the training window [bos] + the last W-1 inputs at positions 0..W-1 (additive
@@ -22,13 +26,16 @@ cached path is tested against. Why the sink: docs/experiments.md, "language mode
 from __future__ import annotations
 
 import time
+from functools import partial
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 from torch import Tensor
 
 from lm.config import LMConfig
+from lm.end_of_audio import EndTracker
+from lm.guidance import ConditionedDecoder
 from lm.kv_cache import KVCache
 from lm.patterns import CodebookPattern
 from lm.sampling import check_sampling_args, sample_next
@@ -73,6 +80,7 @@ class GenerationPlan:
     seq [B, N_c, S]: the pattern sequence being filled; prompt codes and pad are in place already.
     forced [N_c, S] bool: positions whose id is known in advance (prompt frames, invalid slots).
     first_step: the first step with something to sample; steps before it are the prefill.
+    end: a conditioned LM's end-of-audio bookkeeping (rows stop there); None: every row runs to the end.
     """
 
     seq: Tensor
@@ -80,6 +88,7 @@ class GenerationPlan:
     first_step: int
     prompt_frames: int
     new_frames: int
+    end: EndTracker | None = None
 
     @property
     def n_steps(self) -> int:
@@ -121,8 +130,9 @@ def plan_generation(model: DecodableLM, prompt_codes: Tensor, max_new_frames: in
     forced = ~valid[0] | (frame < t0)
     unknown = (~forced).any(dim=0).nonzero()
     first_step = int(unknown[0]) if len(unknown) else seq.shape[-1]
+    end = None if cfg.end_id is None else EndTracker(pattern, b, total, cfg.end_id, cfg.pad_id, seq.device)
     return GenerationPlan(seq=seq, forced=forced, first_step=first_step, prompt_frames=t0,
-                          new_frames=max_new_frames)
+                          new_frames=max_new_frames, end=end)
 
 
 def _model_inputs(plan: GenerationPlan, bos_id: int) -> Tensor:
@@ -151,6 +161,8 @@ def iter_decode(
 
     choose: logits [B, N_c, |V|] -> ids [B, N_c] (e.g. a partial of `sample_next`).
     sink: past the context, keep bos in view as in training (see the module docstring).
+    With `plan.end`, only codebook 0 may choose the end id, positions past a row's end are pad,
+    and decoding stops once every row has ended.
     Runs under the caller's grad mode; `generate` wraps it in inference_mode.
     """
     cfg = model.cfg
@@ -178,12 +190,17 @@ def iter_decode(
             logits = model(inputs[..., :s + 1], window=window)[:, :, -1]
         else:  # additive positions past the context, no sink: the last W inputs at positions 0..W-1
             logits = model(inputs[..., s + 1 - window:s + 1])[:, :, -1]
-        chosen = choose(logits)
+        end = plan.end
+        chosen = choose(logits if end is None else end.mask_logits(logits))
         tokens = torch.where(forced[:, s], seq[..., s], chosen)
+        if end is not None:
+            tokens = end.place(s, tokens)
         seq[..., s] = tokens
         if s + 1 < n_steps:
             inputs[..., s + 1] = tokens
         yield DecodeStep(step=s, logits=logits, tokens=tokens, forced=forced[:, s])
+        if end is not None and end.done(s):
+            return
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
@@ -200,6 +217,10 @@ def generate(
     prompt_codes: Tensor | None,
     max_new_frames: int,
     *,
+    text: str | Sequence[str | None] | None = None,
+    speaker: str | Sequence[str | None] | None = None,
+    cfg_scale: float | None = None,
+    return_lengths: bool = False,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -211,49 +232,85 @@ def generate(
     sink: bool = True,
     progress: bool = False,
     frame_rate: float | None = None,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, Tensor]:
     """Continue `prompt_codes` [B, N_c, T0] by `max_new_frames` frames -> codes [B, N_c, T0 + n].
 
-    The prompt frames are copied, never sampled. `prompt_codes=None` (or T0 = 0) generates from bos
-    alone, `batch_size` sequences at once (ignored when a prompt gives B). Rows are independent
-    samples drawn in one batched pass. Decoding: greedy, or sampling at `temperature` after top-k
-    then top-p (see lm.sampling). `generator` (or `seed`, which builds one on the model's device)
-    makes sampling reproducible. `progress` shows a tqdm bar with frames/s and, given `frame_rate`
-    (frames per second of audio), the real-time factor RTF = compute time / audio time generated
-    (< 1 is faster than real time). Past the LM's context, `sink` (default) keeps bos in view as in
-    training; `sink=False` is the plain sliding window (see the module docstring).
+    The prompt frames are copied, never sampled; `prompt_codes=None` starts from bos (B rows: a list
+    of texts or speakers, else `batch_size`). Rows are independent samples of one batched pass:
+    greedy, or sampling at `temperature` after top-k then top-p (lm.sampling), reproducible with
+    `generator` or `seed`. `progress`: a tqdm bar with frames/s and, given `frame_rate`, the
+    real-time factor (compute time / audio time). Past the context, `sink` keeps bos in view.
+
+    A conditioned LM takes `text` and `speaker` (one per row or one for all; None: null) and the
+    guidance scale `cfg_scale` (default 3 with a text or speaker, else 1; lm.guidance). Its rows stop
+    at the end-of-audio token: codes [B, N_c, longest row], 0 past each row's end; `return_lengths`
+    also returns lengths [B] (frames, prompt included). An unconditioned LM refuses these options.
     """
     check_sampling_args(temperature, top_k, top_p, greedy)
     cfg, device = model.cfg, model.device
+    if cfg.condition is None and (text is not None or speaker is not None or cfg_scale is not None):
+        raise ValueError("this LM is not conditioned (no condition encoder): text, speaker and cfg_scale need "
+                         "an LM trained with LMConfig.condition; allowed here: a prompt and the sampling options")
     if prompt_codes is None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        batch_size = _rows_asked(text, speaker, batch_size)
         prompt_codes = torch.zeros(batch_size, cfg.n_codebooks, 0, dtype=torch.long)
     plan = plan_generation(model, prompt_codes.to(device), max_new_frames)
     if generator is None:
         generator = make_generator(seed, device)
 
-    def choose(logits: Tensor) -> Tensor:
-        return sample_next(logits, temperature, top_k, top_p, greedy, generator)
-
-    max_delay = max(model.pattern.delays())
+    choose = partial(sample_next, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                     generator=generator)
     was_training = model.training
     model.eval()
     bar = _ProgressBar(max_new_frames, progress, frame_rate)
     try:
         with torch.inference_mode():
-            done = 0
-            for step in iter_decode(model, plan, choose, use_cache=use_cache, sink=sink):
-                # Frame t is complete once its most delayed codebook is placed, at step t + max_delay.
-                finished = min(max(step.step - max_delay + 1 - plan.prompt_frames, 0), max_new_frames)
-                if finished > done:
-                    bar.update(finished - done)
-                    done = finished
-            bar.update(max_new_frames - done)
+            decoder = model if cfg.condition is None else _bind_conditions(model, text, speaker, cfg_scale, plan)
+            _decode(decoder, plan, choose, bar, use_cache=use_cache, sink=sink)
     finally:
         bar.close()
         model.train(was_training)
-    return model.pattern.revert(plan.seq)
+    codes, lengths = _frames_of(model, plan)
+    return (codes, lengths) if return_lengths else codes
+
+
+def _frames_of(model: DecodableLM, plan: GenerationPlan) -> tuple[Tensor, Tensor]:
+    """The filled plan -> codes [B, N_c, T] (0 past a row's end) and each row's length [B] in frames."""
+    codes = model.pattern.revert(plan.seq)
+    if plan.end is None:
+        return codes, torch.full((codes.shape[0],), codes.shape[-1], dtype=torch.long, device=codes.device)
+    return plan.end.trim(codes), plan.end.ends.clone()
+
+
+def _bind_conditions(model, text, speaker, cfg_scale: float | None, plan: GenerationPlan) -> ConditionedDecoder:
+    """A conditioned LM bound to one condition per row of the plan (guidance scale: default 3 with a condition)."""
+    given = text is not None or speaker is not None
+    scale = cfg_scale if cfg_scale is not None else 3.0 if given else 1.0
+    return ConditionedDecoder(model, model.condition_inputs(text, speaker, plan.seq.shape[0]), scale)
+
+
+def _rows_asked(text, speaker, batch_size: int) -> int:
+    """The number of rows to generate without a prompt: a list of texts or speakers gives it, else batch_size."""
+    for values in (text, speaker):
+        if values is not None and not isinstance(values, str):
+            return len(list(values))
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    return batch_size
+
+
+def _decode(model: DecodableLM, plan: GenerationPlan, choose: Callable[[Tensor], Tensor], bar: "_ProgressBar",
+            use_cache: bool, sink: bool) -> None:
+    """Run `iter_decode` to its end, counting finished frames on the progress bar."""
+    max_delay = max(model.pattern.delays())
+    done = 0
+    for step in iter_decode(model, plan, choose, use_cache=use_cache, sink=sink):
+        # Frame t is complete once its most delayed codebook is placed, at step t + max_delay.
+        finished = min(max(step.step - max_delay + 1 - plan.prompt_frames, 0), plan.new_frames)
+        if finished > done:
+            bar.update(finished - done)
+            done = finished
+    bar.update(plan.new_frames - done)
 
 
 class _ProgressBar:

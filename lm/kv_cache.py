@@ -198,3 +198,23 @@ def _window_mask(q_pos: Tensor, key_pos: Tensor, window: int) -> Tensor:
     """[S, K] bool: key at absolute position a (-1 = empty slot) is visible from query p iff 0 <= p - a < window."""
     offset = q_pos[:, None] - key_pos[None, :]
     return (key_pos[None, :] >= 0) & (offset >= 0) & (offset < window)
+
+
+@dataclass
+class CrossMemory:
+    """What a conditioned decoder's cross-attention reads: the condition encoder's output and, once
+    computed, every decoder layer's keys and values of it (the cross-attention cache).
+
+    states [B, M, d]: encoder output rows (M source positions). mask [B, M] bool: True = a real
+    source position (False: padding past a shorter text). kv: per decoder layer (k, v), each
+    [B, H_kv, M, Dh], filled once per sequence by `MultiCodebookLM.cross_memory` for generation;
+    None: each forward projects `states` itself (training).
+    """
+
+    states: Tensor
+    mask: Tensor
+    kv: list[tuple[Tensor, Tensor]] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.states.shape[0]

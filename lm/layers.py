@@ -8,8 +8,12 @@ Shapes: B batch, S positions, d = d_model, H query heads, H_kv key/value heads, 
 * Attention: scores q.k / sqrt(Dh), causal -inf mask, softmax, weighted values, heads
   concatenated and projected by W_O (seed 001), through F.scaled_dot_product_attention;
   grouped-query attention when H_kv < H (each K/V head serves H / H_kv query heads).
+* CrossAttention: queries from the decoder rows, keys and values from the encoder output, no
+  causal mask over the source (seed 000, encoder-decoder); only padding of the source is masked.
 * FeedForward: phi(u W1 + b1) W2 + b2 (seed 000) or SwiGLU (Swish(x W1) * (x W2)) W3 (seed 001).
-* Block: pre-norm, Z = O + FFN(Norm(O)) with O = H + MHA(Norm(H)) (seed 000).
+* Block: pre-norm, Z = O + FFN(Norm(O)) with O = H + MHA(Norm(H)) (seed 000); a conditioned
+  decoder block inserts C = O + XA(Norm(O), memory) between the two, Z = C + FFN(Norm(C)), as
+  MusicGen's decoder layers do.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from lm.config import LMConfig
-from lm.kv_cache import KVCache
+from lm.kv_cache import CrossMemory, KVCache
 from lm.rope import apply_rotary
 
 
@@ -116,8 +120,9 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None, cache: KVCache | None = None,
                 mask: Tensor | None = None) -> Tensor:
         """rope: (cos, sin) [S, Dh] for the S positions of x, or None.
-        mask: [S, K] bool (True = may attend) or None for the plain causal mask (K = S) or, with a
-        cache, for "every returned key is visible".
+        mask: [S, K] (or [B, 1, S | 1, K]) bool, True = may attend, or None for the plain causal
+        mask (K = S) or, with a cache, for "every returned key is visible". A given mask replaces
+        the causal one (the condition encoder passes only its padding mask: no causal mask there).
         """
         q, k, v = self.qkv(x).split(
             [self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim], dim=-1)
@@ -136,6 +141,40 @@ class Attention(nn.Module):
         )  # [B, H, S, Dh]; softmax(q k^T / sqrt(Dh) + mask) v
         y = rearrange(y, "b h s d -> b s (h d)")  # concatenate the heads
         return self.resid_dropout(self.out(y))
+
+
+class CrossAttention(nn.Module):
+    """Multi-head cross-attention: queries from the decoder rows x, keys and values from the
+    encoder output (seed 000), every real source position visible to every query (no causal mask
+    over the source, no positions: the encoder put them into its output). GQA as in `Attention`.
+
+    W_Q is `q` (d -> H Dh), W_K and W_V are fused into `kv` (d -> 2 H_kv Dh), W_O is `out`.
+    """
+
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.q = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=cfg.bias)
+        self.kv = nn.Linear(cfg.d_model, 2 * self.n_kv_heads * self.head_dim, bias=cfg.bias)
+        self.out = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=cfg.bias)
+        self.attn_dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def keys_values(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder output [B, M, d] -> keys, values [B, H_kv, M, Dh] (computed once per sequence when generating)."""
+        k, v = self.kv(states).chunk(2, dim=-1)
+        return (rearrange(k, "b m (h d) -> b h m d", d=self.head_dim),
+                rearrange(v, "b m (h d) -> b h m d", d=self.head_dim))
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, source_mask: Tensor) -> Tensor:
+        """x [B, S, d], k/v [B, H_kv, M, Dh], source_mask [B, M] bool (True = real) -> [B, S, d]."""
+        q = rearrange(self.q(x), "b s (h d) -> b h s d", d=self.head_dim)
+        y = F.scaled_dot_product_attention(
+            q, k.to(q.dtype), v.to(q.dtype), attn_mask=source_mask[:, None, None, :],
+            dropout_p=self.attn_dropout if self.training else 0.0,
+            enable_gqa=self.n_kv_heads != self.n_heads,
+        )  # [B, H, S, Dh]: softmax(q k^T / sqrt(Dh) + source padding mask) v
+        return self.resid_dropout(self.out(rearrange(y, "b h s d -> b s (h d)")))
 
 
 # ---- feed-forward -------------------------------------------------------------------------------
@@ -173,25 +212,41 @@ def make_ffn(cfg: LMConfig) -> nn.Module:
 
 # ---- block --------------------------------------------------------------------------------------
 class Block(nn.Module):
-    """Pre-norm transformer block: O = H + MHA(Norm(H)); Z = O + FFN(Norm(O)). [B, S, d] -> [B, S, d]."""
+    """Pre-norm transformer block: O = H + MHA(Norm(H)); Z = O + FFN(Norm(O)). [B, S, d] -> [B, S, d].
 
-    def __init__(self, cfg: LMConfig, layer_idx: int):
+    cross=True (a conditioned decoder): O = H + MHA(Norm(H)); C = O + XA(Norm(O), memory);
+    Z = C + FFN(Norm(C)), XA reading the encoder output `memory` (lm.kv_cache.CrossMemory).
+    """
+
+    def __init__(self, cfg: LMConfig, layer_idx: int, cross: bool = False):
         super().__init__()
+        self.layer_idx = layer_idx
         self.attn_norm = make_norm(cfg)
         self.attn = Attention(cfg, layer_idx)
+        self.cross_norm = make_norm(cfg) if cross else None
+        self.cross_attn = CrossAttention(cfg) if cross else None
         self.ffn_norm = make_norm(cfg)
         self.ffn = make_ffn(cfg)
 
     def forward(self, h: Tensor, rope: tuple[Tensor, Tensor] | None = None, cache: KVCache | None = None,
-                mask: Tensor | None = None) -> Tensor:
+                mask: Tensor | None = None, memory: CrossMemory | None = None) -> Tensor:
         o = h + self.attn(self.attn_norm(h), rope, cache, mask)
+        if self.cross_attn is not None:
+            if memory is None:
+                raise ValueError("a cross-attention block needs the condition encoder's output (memory)")
+            if memory.kv is not None:
+                k, v = memory.kv[self.layer_idx]
+            else:
+                k, v = self.cross_attn.keys_values(memory.states)
+            o = o + self.cross_attn(self.cross_norm(o), k, v, memory.mask)
         return o + self.ffn(self.ffn_norm(o))
 
 
 def residual_projections(block: Block) -> list[nn.Linear]:
     """The layers that write into the residual stream (scaled at init, GPT-2 style)."""
     ffn_out = block.ffn.w3 if isinstance(block.ffn, SwiGLU) else block.ffn.w2
-    return [block.attn.out, ffn_out]
+    cross = [] if block.cross_attn is None else [block.cross_attn.out]
+    return [block.attn.out, *cross, ffn_out]
 
 
 def init_std(n_layers: int, residual: bool) -> float:

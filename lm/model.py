@@ -11,6 +11,10 @@ the codebook pattern into seq [B, N_c, S]; the inputs are [bos, seq[..., :-1]] (
 shifted right by one) and the targets are seq. Padding and pattern-invalid positions are left
 out of both the sum and the count of the loss.
 
+A conditioned LM (LMConfig.condition) adds a condition encoder over text bytes and a speaker
+(lm.conditioning) whose output every block reads through cross-attention, and an end-of-audio
+output in each head (lm.end_of_audio); without `condition` none of it exists.
+
 The model knows nothing about audio: a codec fingerprint travels in the config only so that
 tokens from another codec can be refused by the code that loads both.
 """
@@ -25,9 +29,11 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from lm.conditioning import ConditionEncoder, ConditionInputs, condition_inputs
 from lm.config import LMConfig
+from lm.end_of_audio import layout_with_end
 from lm.generate import generate
-from lm.kv_cache import KVCache
+from lm.kv_cache import CrossMemory, KVCache
 from lm.layers import (Block, LayerNorm, LearnedPositions, RMSNorm, SinusoidalPositions, init_std, make_norm,
                        residual_projections)
 from lm.patterns import CodebookPattern, get_pattern
@@ -60,7 +66,8 @@ class MultiCodebookLM(nn.Module):
     """A decoder-only transformer over N_c parallel code streams: N_c embedding tables summed at the
     input, N_c output heads, a codebook pattern (lm.patterns) between frames and model positions.
 
-    forward: tokens [B, N_c, S] ids in 0..|V|+1 (pattern space) -> logits [B, N_c, S, |V|].
+    forward: tokens [B, N_c, S] ids (pattern space, specials included) -> logits [B, N_c, S, n_outputs]
+    (n_outputs = |V|, or |V| + 1 with the end-of-audio id of a conditioned LM).
     loss / token_nll / log_likelihood: codes [B, N_c, T] in 0..|V|-1 (frames; the pattern is
     applied inside). generate: prompt [B, N_c, T0] -> codes [B, N_c, T0 + n].
     save_pretrained / from_pretrained: a folder of config.json + model.safetensors.
@@ -86,11 +93,16 @@ class MultiCodebookLM(nn.Module):
         else:
             self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        conditioned = cfg.condition is not None
+        self.blocks = nn.ModuleList(Block(cfg, i, cross=conditioned) for i in range(cfg.n_layers))
         self.final_norm = make_norm(cfg)
-        # Head c maps [.., d] to |V| logits: weight [N_c, |V|, d]. Tied: codebook c's table, first |V| rows.
+        # Head c maps [.., d] to n_outputs logits: weight [N_c, n_outputs, d]. Tied: codebook c's table's first rows.
         self.head_weight = None if cfg.tie_weights else nn.Parameter(
-            torch.empty(cfg.n_codebooks, cfg.codebook_size, cfg.d_model))
+            torch.empty(cfg.n_codebooks, cfg.n_outputs, cfg.d_model))
+        if conditioned:  # registered last, so an unconditioned LM's modules come in their old order
+            self.condition_encoder = ConditionEncoder(cfg)
+        else:
+            self.condition_encoder = None
         self.reset_parameters()
 
     # ---- parameters ------------------------------------------------------------------------------
@@ -111,6 +123,10 @@ class MultiCodebookLM(nn.Module):
         for block in self.blocks:
             for proj in residual_projections(block):
                 nn.init.normal_(proj.weight, std=init_std(self.cfg.n_layers, residual=True))
+        if self.condition_encoder is not None:
+            for block in self.condition_encoder.blocks:
+                for proj in residual_projections(block):
+                    nn.init.normal_(proj.weight, std=init_std(len(self.condition_encoder.blocks), residual=True))
         if self.head_weight is not None:
             nn.init.normal_(self.head_weight, std=0.02)
 
@@ -120,11 +136,11 @@ class MultiCodebookLM(nn.Module):
         return self.token_embedding.weight[c * rows:(c + 1) * rows]
 
     def head_weights(self) -> Tensor:
-        """[N_c, |V|, d]: head c gives logits h @ W[c]^T. Tied: each codebook's table without its specials."""
+        """[N_c, n_outputs, d]: head c gives logits h @ W[c]^T. Tied: each codebook's table without pad and bos."""
         if self.head_weight is not None:
             return self.head_weight
         w = rearrange(self.token_embedding.weight, "(c r) d -> c r d", c=self.cfg.n_codebooks)
-        return w[:, :self.cfg.codebook_size]
+        return w[:, :self.cfg.n_outputs]
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Trainable parameters (each shared tensor once). exclude_embeddings drops the token and learned
@@ -146,7 +162,7 @@ class MultiCodebookLM(nn.Module):
         cfg = self.cfg
         s = cfg.max_seq_len if seq_len is None else seq_len
         matmul_params = sum(p.numel() for p in self.blocks.parameters() if p.dim() == 2)
-        matmul_params += cfg.n_codebooks * cfg.codebook_size * cfg.d_model
+        matmul_params += cfg.n_codebooks * cfg.n_outputs * cfg.d_model
         return 6 * matmul_params + 12 * cfg.n_layers * cfg.d_model * s
 
     @property
@@ -159,12 +175,15 @@ class MultiCodebookLM(nn.Module):
         rows = tokens + self.codebook_offsets[None, :, None]
         return self.token_embedding(rows).sum(dim=1)
 
-    def forward(self, tokens: Tensor, cache: KVCache | None = None, window: int | None = None) -> Tensor:
-        """tokens [B, N_c, S] ids in 0..|V|+1 -> logits [B, N_c, S, |V|].
+    def forward(self, tokens: Tensor, cache: KVCache | None = None, window: int | None = None,
+                memory: CrossMemory | None = None) -> Tensor:
+        """tokens [B, N_c, S] ids in 0..embedding_rows-1 -> logits [B, N_c, S, n_outputs].
 
         Without a cache, positions are 0..S-1 and attention is causal (or, with `window`, sliding:
         each position sees itself and the window - 1 before it). With a cache, the S tokens continue
         the cached sequence at its next absolute positions and their keys/values are stored.
+        memory: a conditioned LM's encoder output for the B rows (`encode_condition` /
+        `cross_memory`); None there means the null conditions. An unconditioned LM takes none.
         """
         cfg = self.cfg
         if tokens.dim() != 3 or tokens.shape[1] != cfg.n_codebooks:
@@ -176,7 +195,9 @@ class MultiCodebookLM(nn.Module):
             raise ValueError("tokens must hold at least one position")
         if bool(((tokens < 0) | (tokens >= cfg.embedding_rows)).any()):
             raise ValueError(f"token ids must be in 0..{cfg.embedding_rows - 1} (codes 0..{cfg.codebook_size - 1}, "
-                             f"pad {cfg.pad_id}, bos {cfg.bos_id})")
+                             + ("" if cfg.end_id is None else f"end {cfg.end_id}, ")
+                             + f"pad {cfg.pad_id}, bos {cfg.bos_id})")
+        memory = self._memory_for(b, memory)
         if cache is None:
             if window is not None and not 1 <= window <= cfg.max_seq_len:
                 raise ValueError(f"window must be in 1..max_seq_len={cfg.max_seq_len}, got {window}")
@@ -200,7 +221,7 @@ class MultiCodebookLM(nn.Module):
                 raise ValueError(f"position {cache.length + s - 1} is past the {cfg.pos} encoding's "
                                  f"max_seq_len={cfg.max_seq_len}")
             if cache.sink and s > 1 and cache.length + s > cache.max_len:
-                return self._forward_past_sink_window(tokens, cache)
+                return self._forward_past_sink_window(tokens, cache, memory)
             positions, mask = cache.begin(s)
 
         h = self.embed(tokens)
@@ -209,18 +230,54 @@ class MultiCodebookLM(nn.Module):
         h = self.dropout(h)
         rope = self.rope.cos_sin(positions, h.dtype) if self.rope is not None else None
         for block in self.blocks:
-            h = block(h, rope, cache, mask)
+            h = block(h, rope, cache, mask, memory)
         h = self.final_norm(h)
         return torch.einsum("bsd,cvd->bcsv", h, self.head_weights().to(h.dtype))
 
-    def _forward_past_sink_window(self, tokens: Tensor, cache: KVCache) -> Tensor:
+    def _forward_past_sink_window(self, tokens: Tensor, cache: KVCache, memory: CrossMemory | None) -> Tensor:
         """A multi-position cached step that reaches past a sink cache's window: each query there sees
         the sink at its own distance, so the positions past the window go one at a time.
-        tokens [B, N_c, S] -> logits [B, N_c, S, |V|]."""
+        tokens [B, N_c, S] -> logits [B, N_c, S, n_outputs]."""
         inside = max(cache.max_len - cache.length, 0)  # positions that still fit the linear phase
-        parts = [self(tokens[..., :inside], cache=cache)] if inside else []
-        parts += [self(tokens[..., i:i + 1], cache=cache) for i in range(inside, tokens.shape[-1])]
+        parts = [self(tokens[..., :inside], cache=cache, memory=memory)] if inside else []
+        parts += [self(tokens[..., i:i + 1], cache=cache, memory=memory) for i in range(inside, tokens.shape[-1])]
         return torch.cat(parts, dim=2)
+
+    # ---- conditions ------------------------------------------------------------------------------
+    def _memory_for(self, batch_size: int, memory: CrossMemory | None) -> CrossMemory | None:
+        """The memory a forward over batch_size rows reads: the null conditions' when none is given."""
+        if self.condition_encoder is None:
+            if memory is not None:
+                raise ValueError("this LM has no condition encoder (LMConfig.condition is None): it takes no memory")
+            return None
+        if memory is None:
+            return self.encode_condition(None, batch_size)
+        if memory.batch_size != batch_size:
+            raise ValueError(f"the condition memory has {memory.batch_size} rows, the tokens {batch_size}")
+        return memory
+
+    def condition_inputs(self, text, speaker, batch_size: int) -> ConditionInputs:
+        """Texts and speaker names (one per row, one for all, or None) -> ConditionInputs on the model's
+        device; ValueError naming what is allowed (see lm.conditioning.condition_inputs)."""
+        if self.cfg.condition is None:
+            raise ValueError("this LM is not conditioned (no condition encoder): it takes no text or speaker")
+        return condition_inputs(self.cfg.condition, text, speaker, batch_size).to(self.device)
+
+    def encode_condition(self, inputs: ConditionInputs | None, batch_size: int | None = None) -> CrossMemory:
+        """Conditions [B] -> the encoder output CrossMemory (states [B, M, d], mask [B, M]); None: B
+        rows of null conditions. In training mode text and speaker are dropped at their rates."""
+        if self.condition_encoder is None:
+            raise ValueError("this LM is not conditioned (no condition encoder): it takes no text or speaker")
+        if inputs is None:
+            inputs = self.condition_encoder.null_inputs(batch_size or 1)
+        return self.condition_encoder(inputs.to(self.device))
+
+    def cross_memory(self, inputs: ConditionInputs | None, batch_size: int | None = None) -> CrossMemory:
+        """`encode_condition` plus every block's cross-attention keys and values, computed once here for
+        a whole generation (the cross-attention cache; each step's forward only reads them)."""
+        memory = self.encode_condition(inputs, batch_size)
+        memory.kv = [block.cross_attn.keys_values(memory.states) for block in self.blocks]
+        return memory
 
     def new_cache(self, batch_size: int, max_len: int | None = None, ring: bool = False,
                   dtype: torch.dtype | None = None, sink: bool = False) -> KVCache:
@@ -265,39 +322,59 @@ class MultiCodebookLM(nn.Module):
                 raise ValueError("frame_mask must mark padding at the end of each row only "
                                  "(True frames first, then False): the model reads left to right")
 
-    def token_nll(self, codes: Tensor, frame_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def token_nll(self, codes: Tensor, frame_mask: Tensor | None = None, condition: ConditionInputs | None = None,
+                  ends: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Per-token NLL in pattern space: codes [B, N_c, T] -> nll [B, N_c, S] in nats (0 at targets
         the pattern or padding marks invalid), valid [B, N_c, S] bool. `loss` and `log_likelihood`
-        reduce it; per-position analyses (benchmarks) read it directly."""
+        reduce it; per-position analyses (benchmarks) read it directly.
+
+        A conditioned LM reads `condition` (B rows; None: null conditions), and `ends` [B] bool marks
+        rows whose last real frame is their file's last: the end-of-audio id is a target after it
+        (lm.end_of_audio). An unconditioned LM takes neither.
+        """
         self._check_codes(codes, frame_mask)
-        seq, valid = self.pattern.build(codes.long(), frame_mask, fill_id=self.cfg.pad_id)
-        inputs = torch.cat([torch.full_like(seq[..., :1], self.cfg.bos_id), seq[..., :-1]], dim=-1)
-        logits = self(inputs)  # [B, N_c, S, |V|]
+        cfg = self.cfg
+        if cfg.condition is None and (condition is not None or ends is not None):
+            raise ValueError("this LM is not conditioned: it takes no condition and no file ends")
+        if ends is None:
+            seq, valid = self.pattern.build(codes.long(), frame_mask, fill_id=cfg.pad_id)
+        else:
+            seq, valid = layout_with_end(self.pattern, codes.long(), frame_mask, ends.to(codes.device),
+                                         cfg.end_id, cfg.pad_id)
+            if seq.shape[-1] > cfg.max_seq_len:
+                raise ValueError(f"{codes.shape[-1]} frames and an end-of-audio token take {seq.shape[-1]} positions, "
+                                 f"more than max_seq_len={cfg.max_seq_len}")
+        inputs = torch.cat([torch.full_like(seq[..., :1], cfg.bos_id), seq[..., :-1]], dim=-1)
+        memory = None if cfg.condition is None else self.encode_condition(condition, codes.shape[0])
+        logits = self(inputs, memory=memory)  # [B, N_c, S, n_outputs]
         targets = seq.masked_fill(~valid, -100)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 logits: CE in fp32
         nll = F.cross_entropy(rearrange(logits, "b c s v -> (b c s) v"), targets.flatten(),
                               ignore_index=-100, reduction="none")
         return nll.view_as(seq), valid
 
-    def loss(self, codes: Tensor, frame_mask: Tensor | None = None) -> LMLoss:
+    def loss(self, codes: Tensor, frame_mask: Tensor | None = None, condition: ConditionInputs | None = None,
+             ends: Tensor | None = None) -> LMLoss:
         """codes [B, N_c, T] in 0..|V|-1, frame_mask [B, T] bool (False = padding, at row ends)
-        -> LMLoss: mean next-token NLL over the valid targets of all codebooks (nats/token)."""
-        nll, valid = self.token_nll(codes, frame_mask)
+        -> LMLoss: mean next-token NLL over the valid targets of all codebooks (nats/token).
+        condition, ends: a conditioned LM's (see `token_nll`)."""
+        nll, valid = self.token_nll(codes, frame_mask, condition, ends)
         nll_sum = nll.sum(dim=(0, 2))
         count = valid.sum(dim=(0, 2))
         return LMLoss(loss=nll_sum.sum() / count.sum().clamp(min=1), nll_sum=nll_sum, count=count)
 
-    def log_likelihood(self, codes: Tensor, frame_mask: Tensor | None = None) -> Tensor:
+    def log_likelihood(self, codes: Tensor, frame_mask: Tensor | None = None, condition: ConditionInputs | None = None,
+                       ends: Tensor | None = None) -> Tensor:
         """[B] summed NLL in nats over the valid positions of each sequence (the pattern handled inside)."""
-        nll, _ = self.token_nll(codes, frame_mask)
+        nll, _ = self.token_nll(codes, frame_mask, condition, ends)
         return nll.sum(dim=(1, 2))
 
     # ---- generation ------------------------------------------------------------------------------
     def generate(self, prompt_codes: Tensor | None, max_new_frames: int, **kwargs) -> Tensor:
         """Continue prompt_codes [B, N_c, T0] by max_new_frames -> [B, N_c, T0 + n] (KV cache, sampling).
 
-        Keyword arguments (temperature, top_k, top_p, greedy, generator, seed, ...) are those of
-        `lm.generate.generate`, where the decoding loop lives.
+        Keyword arguments (temperature, top_k, top_p, greedy, generator, seed, text, speaker,
+        cfg_scale, ...) are those of `lm.generate.generate`, where the decoding loop lives.
         """
         return generate(self, prompt_codes, max_new_frames, **kwargs)
 

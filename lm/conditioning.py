@@ -1,0 +1,168 @@
+"""The condition encoder of a conditioned LM: what to say (text) and who says it (speaker), read
+once per sequence by the decoder's cross-attention (docs/theory.md, seed 000: an encoder-decoder
+model encodes a source sequence without a causal mask).
+
+Source sequence, [B, M] ids with M = 1 + max(1, longest text in bytes):
+
+    position 0        the speaker: a row of the speaker table (ids 0..n-1 for ConditionConfig.speakers,
+                      id n the learned null speaker: no speaker, or a dropped one)
+    positions 1..L    the text's UTF-8 bytes (the N_c = 1 byte tokenizer; no language frontend);
+                      an empty or dropped text is one learned NULL_TEXT token instead
+    after the end     PAD_BYTE, masked out of every attention (never a key)
+
+The encoder is the decoder's pre-norm Block without a causal mask (only the padding is masked),
+RoPE over source positions, and a final norm. Training drops the text and the speaker
+independently to their null conditions (`ConditionConfig.text_dropout` / `speaker_dropout`), so
+one model is conditional and unconditional and classifier-free guidance (lm.guidance) can
+compare the two. Null text plus null speaker is the unconditional model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from lm.config import ConditionConfig, LMConfig
+from lm.kv_cache import CrossMemory
+from lm.layers import Block, make_norm
+from lm.rope import RotaryEmbedding
+
+PAD_BYTE = 256  # text rows past a text's end
+NULL_TEXT = 257  # the learned "no text" token
+TEXT_ROWS = 258  # 256 byte values + PAD_BYTE + NULL_TEXT
+
+
+@dataclass
+class ConditionInputs:
+    """A batch of conditions. text [B, L] long byte values (PAD_BYTE past each text's end);
+    text_len [B] long, 0 = null text; speaker [B] long, ConditionConfig.null_speaker = null."""
+
+    text: Tensor
+    text_len: Tensor
+    speaker: Tensor
+
+    def __len__(self) -> int:
+        return self.speaker.shape[0]
+
+    def to(self, device: torch.device | str) -> "ConditionInputs":
+        return ConditionInputs(self.text.to(device), self.text_len.to(device), self.speaker.to(device))
+
+    def nulled(self, null_speaker: int, text: Tensor | None = None, speaker: Tensor | None = None
+               ) -> "ConditionInputs":
+        """These conditions with the rows where `text` / `speaker` ([B] bool) is True set to null
+        (None: every row)."""
+        drop_text = torch.ones_like(self.text_len, dtype=torch.bool) if text is None else text
+        drop_speaker = torch.ones_like(self.speaker, dtype=torch.bool) if speaker is None else speaker
+        return ConditionInputs(self.text, self.text_len.masked_fill(drop_text, 0),
+                               self.speaker.masked_fill(drop_speaker, null_speaker))
+
+    def cat(self, other: "ConditionInputs") -> "ConditionInputs":
+        """Rows of self, then rows of other ([2B] when both hold B)."""
+        width = max(self.text.shape[1], other.text.shape[1])
+        pad = [torch.nn.functional.pad(x.text, (0, width - x.text.shape[1]), value=PAD_BYTE) for x in (self, other)]
+        return ConditionInputs(torch.cat(pad), torch.cat([self.text_len, other.text_len]),
+                               torch.cat([self.speaker, other.speaker]))
+
+
+def _per_row(values: str | Sequence[str | None] | None, batch_size: int, what: str) -> list[str | None]:
+    if values is None or isinstance(values, str):
+        return [values] * batch_size
+    values = list(values)
+    if len(values) != batch_size:
+        raise ValueError(f"{len(values)} {what}s for a batch of {batch_size} sequences; give one per sequence "
+                         "(or a single one for all)")
+    return values
+
+
+def condition_inputs(cond: ConditionConfig, texts: str | Sequence[str | None] | None,
+                     speakers: str | Sequence[str | None] | None, batch_size: int) -> ConditionInputs:
+    """Texts and speaker names (one per row, or one for all; None or "" = null) -> ConditionInputs.
+
+    Raises ValueError for a text longer than `text_max_bytes` in UTF-8 or a speaker not in the
+    model's table, naming the limit or the known speakers.
+    """
+    texts = _per_row(texts, batch_size, "text")
+    speakers = _per_row(speakers, batch_size, "speaker")
+    encoded = []
+    for t in texts:
+        if t is not None and not isinstance(t, str):
+            raise ValueError(f"a text must be a string, got {type(t).__name__}")
+        try:
+            data = (t or "").encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"text {t[:40]!r} is not encodable as UTF-8 ({e.reason})") from None
+        if len(data) > cond.text_max_bytes:
+            raise ValueError(f"text of {len(data)} UTF-8 bytes is over this LM's limit of text_max_bytes="
+                             f"{cond.text_max_bytes}: {t[:40]!r}...")
+        encoded.append(data)
+    width = max([1, *(len(d) for d in encoded)])
+    text = torch.full((batch_size, width), PAD_BYTE, dtype=torch.long)
+    for row, data in enumerate(encoded):
+        text[row, :len(data)] = torch.tensor(list(data), dtype=torch.long)
+    text_len = torch.tensor([len(d) for d in encoded], dtype=torch.long)
+    speaker = torch.tensor([cond.null_speaker if s in (None, "") else cond.speaker_id(s) for s in speakers],
+                           dtype=torch.long)
+    return ConditionInputs(text, text_len, speaker)
+
+
+class ConditionEncoder(nn.Module):
+    """Bidirectional transformer over [speaker, text bytes]: ConditionInputs -> CrossMemory
+    (states [B, M, d], mask [B, M]). Training mode drops text / speaker to null at their rates."""
+
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        if cfg.condition is None:
+            raise ValueError("a ConditionEncoder needs LMConfig.condition")
+        self.cond = cfg.condition
+        self.text_embedding = nn.Embedding(TEXT_ROWS, cfg.d_model)
+        self.speaker_embedding = nn.Embedding(len(self.cond.speakers) + 1, cfg.d_model)  # last row: null
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(self.cond.encoder_layers))
+        self.norm = make_norm(cfg)
+
+    def null_inputs(self, batch_size: int) -> ConditionInputs:
+        """B rows of null text and null speaker (the unconditional model)."""
+        device = self.text_embedding.weight.device
+        return ConditionInputs(torch.full((batch_size, 1), PAD_BYTE, dtype=torch.long, device=device),
+                               torch.zeros(batch_size, dtype=torch.long, device=device),
+                               torch.full((batch_size,), self.cond.null_speaker, dtype=torch.long, device=device))
+
+    def drop(self, inputs: ConditionInputs) -> ConditionInputs:
+        """Condition dropout: each row's text becomes null with probability text_dropout and, drawn
+        independently, its speaker with probability speaker_dropout (torch's global RNG)."""
+        b, device = len(inputs), inputs.speaker.device
+        drop_text = torch.rand(b, device=device) < self.cond.text_dropout
+        drop_speaker = torch.rand(b, device=device) < self.cond.speaker_dropout
+        return inputs.nulled(self.cond.null_speaker, drop_text, drop_speaker)
+
+    def source(self, inputs: ConditionInputs) -> tuple[Tensor, Tensor]:
+        """-> embedded source [B, M, d] and its mask [B, M] bool (see the module docstring)."""
+        text, text_len = inputs.text, inputs.text_len
+        b, width = text.shape
+        positions = torch.arange(max(width, 1), device=text.device)
+        real = positions[None, :] < text_len[:, None]
+        ids = torch.where(real, text[:, :max(width, 1)], PAD_BYTE)
+        ids[:, 0] = torch.where(text_len == 0, NULL_TEXT, ids[:, 0])
+        text_mask = real | ((text_len == 0)[:, None] & (positions[None, :] == 0))
+        source = torch.cat([self.speaker_embedding(inputs.speaker)[:, None], self.text_embedding(ids)], dim=1)
+        mask = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=text.device), text_mask], dim=1)
+        return source, mask
+
+    def forward(self, inputs: ConditionInputs) -> CrossMemory:
+        if bool((inputs.speaker < 0).any() | (inputs.speaker > self.cond.null_speaker).any()):
+            raise ValueError(f"speaker ids must be in 0..{self.cond.null_speaker} (the null speaker)")
+        if bool((inputs.text_len < 0).any() | (inputs.text_len > inputs.text.shape[1]).any()):
+            raise ValueError(f"text lengths must be in 0..{inputs.text.shape[1]} (the text tensor's width)")
+        if self.training:
+            inputs = self.drop(inputs)
+        h, mask = self.source(inputs)
+        h = self.dropout(h)
+        rope = self.rope.cos_sin(torch.arange(h.shape[1], device=h.device), h.dtype)
+        key_mask = mask[:, None, None, :]  # every real position sees every real position: no causal mask
+        for block in self.blocks:
+            h = block(h, rope, None, key_mask)
+        return CrossMemory(self.norm(h), mask)
