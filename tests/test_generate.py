@@ -470,3 +470,62 @@ def test_model_generate_method_is_the_generate_function():
     a = model.generate(prompt, 5, temperature=0.8, top_k=5, seed=3)
     b = generate_fn(model, prompt, 5, temperature=0.8, top_k=5, seed=3)
     assert a.shape == (2, 3, 9) and torch.equal(a, b) and torch.equal(a[:, :, :4], prompt)
+
+
+# ---- a conditioned LM on the command line (issue 20) ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def cond_lm(saved_pair):
+    """A tiny conditioned LM on the tiny codec's tokens, trained until speaker font_small's files (all
+    code 3, 5 frames, then the end) are what it says: greedy generation stops by itself after 0.1 s."""
+    from codec import Codec
+
+    codec = Codec.from_pretrained(saved_pair / "codec")
+    torch.manual_seed(0)
+    cfg = LMConfig(n_codebooks=CLI_NC, codebook_size=CLI_V, d_model=16, n_layers=1, n_heads=2, max_seq_len=40,
+                   codec_fingerprint=codec.token_fingerprint(),
+                   condition={"speakers": ["font_small", "font_big"], "text_max_bytes": 16, "encoder_layers": 1,
+                              "text_dropout": 0.0, "speaker_dropout": 0.0})
+    model = MultiCodebookLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    codes = torch.full((1, CLI_NC, 5), 3)
+    cond = model.condition_inputs("ahoj", "font_small", 1)
+    for _ in range(150):
+        opt.zero_grad()
+        model.loss(codes, None, cond, torch.tensor([True])).loss.backward()
+        opt.step()
+    model.save_pretrained(saved_pair / "lm_cond")
+    return saved_pair / "lm_cond"
+
+
+def test_cli_says_a_text_in_a_voice_and_stops_by_itself(saved_pair, cond_lm, tmp_path, capsys):
+    out = tmp_path / "say.wav"
+    assert run_cli("--lm", cond_lm, "--codec", saved_pair / "codec", "--text", "ahoj", "--speaker", "font_small",
+                   "--cfg", 1, "--greedy", "--seconds", 0.6, "--out", out, "--no-progress") == 0
+    assert wav_seconds(out) == pytest.approx(0.1)  # 5 frames of 20 ms, not the 0.6 s allowed
+    assert "stopped at its end-of-audio token" in capsys.readouterr().out
+    # guided sampling with the default scale runs and stays within --seconds
+    assert run_cli("--lm", cond_lm, "--codec", saved_pair / "codec", "--text", "ahoj", "--speaker", "font_big",
+                   "--seconds", 0.3, "--seed", 1, "--out", tmp_path / "big.wav", "--no-progress") == 0
+    assert 0 < wav_seconds(tmp_path / "big.wav") <= 0.3 + 1e-9
+
+
+@pytest.mark.parametrize(
+    "which, extra, message",
+    [
+        ("cond", ("--speaker", "nemo"), "unknown speaker 'nemo'; this LM knows: font_small, font_big"),
+        ("cond", ("--text", "příliš dlouhý text"), "over this LM's limit of text_max_bytes=16"),
+        ("cond", ("--cfg", -1), "--cfg must be a finite number >= 0"),
+        ("plain", ("--text", "ahoj"), "--text: the LM"),
+        ("plain", ("--speaker", "font_small", "--cfg", 2), "--speaker --cfg: the LM"),
+    ],
+)
+def test_cli_refuses_conditions_it_cannot_take(saved_pair, cond_lm, tmp_path, capsys, which, extra, message):
+    lm_dir = cond_lm if which == "cond" else saved_pair / "lm"
+    rc = run_cli("--lm", lm_dir, "--codec", saved_pair / "codec", "--out", tmp_path / "o.wav", "--no-progress", *extra)
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rvqlm generate: error:") and message in err and len(err.strip().splitlines()) == 1
+    if which == "plain":
+        assert "is not conditioned" in err
+    assert not (tmp_path / "o.wav").exists()

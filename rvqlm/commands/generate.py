@@ -4,6 +4,13 @@
         --prompt prompt.wav --prompt-seconds 3 --seconds 10 --out out.wav \\
         [--temperature 1.0 --top-k 250 --top-p 0.95 | --greedy] [--seed 1] [--num-samples 4]
 
+    rvqlm generate --lm LM_DIR --codec CODEC_DIR --text "Co je to za divnou loď?" \\
+        --speaker font_small --cfg 3 --out say.wav        (a conditioned LM; --prompt optional)
+
+A conditioned LM reads --text (UTF-8, up to its text_max_bytes) and --speaker (a name from its
+table) with classifier-free guidance --cfg (default 3; 1 = no guidance), and stops by itself at
+its end-of-audio token; --seconds is then the longest it may speak.
+
 The prompt is encoded by the codec into frames of N_c codes, the LM continues them (lm.generate:
 the codebook pattern it was trained with, a preallocated KV cache), and the codec decodes prompt +
 continuation in one pass, so the continuation is decoded with the prompt as its left context.
@@ -31,7 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", default=None, metavar="AUDIO", help="audio to continue (default: none, start from bos)")
     p.add_argument("--prompt-seconds", type=float, default=None,
                    help="use only the first S seconds of the prompt (default: all of it)")
-    p.add_argument("--seconds", type=float, default=10.0, help="length of the continuation (default 10)")
+    p.add_argument("--seconds", type=float, default=10.0,
+                   help="length of the continuation (default 10; a conditioned LM's longest, it may stop sooner)")
+    p.add_argument("--text", default=None, help="what a conditioned LM should say")
+    p.add_argument("--speaker", default=None, help="who says it: a speaker name from the conditioned LM's table")
+    p.add_argument("--cfg", type=float, default=None, metavar="S",
+                   help="classifier-free guidance scale, >= 0 (default 3 with --text/--speaker; 1 = none)")
     p.add_argument("--out", required=True, metavar="OUT.wav", help="output file (see above for the names)")
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (> 0; default 1.0)")
     p.add_argument("--top-k", type=int, default=250, help="keep the k most probable codes (default 250)")
@@ -78,6 +90,8 @@ def check_request(args: argparse.Namespace) -> None:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+    if args.cfg is not None and not (args.cfg >= 0 and math.isfinite(args.cfg)):
+        raise ValueError(f"--cfg must be a finite number >= 0, got {args.cfg}")
     if args.prompt_seconds is not None:
         if args.prompt is None:
             raise ValueError("--prompt-seconds needs --prompt")
@@ -100,6 +114,21 @@ def check_pair(lm_model, codec) -> None:
         raise ValueError(f"codec mismatch: the LM was trained on tokens of codec {cfg.codec_fingerprint[:16]}, "
                          f"but the given codec's tokens are {codec.token_fingerprint()[:16]}; token ids of different codecs "
                          "mean different sounds")
+
+
+def check_condition(args: argparse.Namespace, lm_model) -> None:
+    """Refuse --text / --speaker / --cfg an LM cannot take, naming what it allows (ValueError)."""
+    asked = [f"--{name}" for name in ("text", "speaker", "cfg") if getattr(args, name) is not None]
+    cond = lm_model.cfg.condition
+    if cond is None:
+        if asked:
+            raise ValueError(f"{' '.join(asked)}: the LM {args.lm} is not conditioned (no condition encoder); "
+                             "it takes only --prompt and the sampling options")
+        return
+    try:
+        lm_model.condition_inputs(args.text, args.speaker, 1)
+    except ValueError as e:
+        raise ValueError(f"{e} (--text / --speaker)") from None
 
 
 def load_prompt_codes(path: str, codec, lm_model, prompt_seconds: float | None):
@@ -126,13 +155,13 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from codec import Codec
-    from codec.audio import save_audio
     from lm.generate import generate
     from lm.model import MultiCodebookLM
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     lm_model = MultiCodebookLM.from_pretrained(args.lm, map_location=args.device)
+    check_condition(args, lm_model)
     codec = Codec.from_pretrained(args.codec, map_location=args.device)
     check_pair(lm_model, codec)
 
@@ -145,22 +174,33 @@ def _generate(args: argparse.Namespace) -> int:
     new_frames = max(1, round(args.seconds * codec.frame_rate))
 
     start = time.perf_counter()
-    codes = generate(lm_model, prompt, new_frames, temperature=args.temperature, top_k=args.top_k,
-                     top_p=args.top_p, greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache,
-                     progress=not args.no_progress, frame_rate=codec.frame_rate)
+    conditions = {} if lm_model.cfg.condition is None else {"text": args.text, "speaker": args.speaker,
+                                                             "cfg_scale": args.cfg}
+    codes, lengths = generate(lm_model, prompt, new_frames, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache,
+                              progress=not args.no_progress, frame_rate=codec.frame_rate, return_lengths=True,
+                              **conditions)
     elapsed = time.perf_counter() - start
-    wav = codec.decode(codes)  # [B, C, (T0 + n) * hop]
-    split = t0 * codec.hop_length
-
-    for paths, sample in zip(output_paths(args.out, args.num_samples, args.prompt is not None), wav):
-        save_audio(paths.continuation, sample[:, split:], codec.sample_rate)
-        print(f"wrote {paths.continuation} ({new_frames / codec.frame_rate:.2f} s continuation)")
-        if paths.full is not None:
-            save_audio(paths.full, sample, codec.sample_rate)
-            print(f"wrote {paths.full} ({(t0 + new_frames) / codec.frame_rate:.2f} s prompt + continuation)")
+    wav = codec.decode(codes)  # [B, C, T * hop]
+    _write_samples(args, codec, wav, lengths.tolist(), t0, new_frames)
     # Per sample stream (the batch runs them side by side): RTF = compute time / audio time of one sample.
-    rate = new_frames / elapsed
-    print(f"generated {args.num_samples} x {new_frames} frames in {elapsed:.2f} s: {rate:.1f} frames/s per sample "
-          f"({rate * args.num_samples:.1f} in all), real-time factor {elapsed * codec.frame_rate / new_frames:.3f} "
+    made = max(int(lengths.max()) - t0, 1)
+    rate = made / elapsed
+    print(f"generated {args.num_samples} x {made} frames in {elapsed:.2f} s: {rate:.1f} frames/s per sample "
+          f"({rate * args.num_samples:.1f} in all), real-time factor {elapsed * codec.frame_rate / made:.3f} "
           "(< 1 is faster than real time)")
     return 0
+
+
+def _write_samples(args: argparse.Namespace, codec, wav, lengths: list[int], t0: int, new_frames: int) -> None:
+    """Write each sample's continuation (and prompt + continuation), cut at its own length in frames."""
+    from codec.audio import save_audio
+
+    hop, rate = codec.hop_length, codec.frame_rate
+    for paths, sample, n in zip(output_paths(args.out, args.num_samples, args.prompt is not None), wav, lengths):
+        stopped = "" if n == t0 + new_frames else ", stopped at its end-of-audio token"
+        save_audio(paths.continuation, sample[:, t0 * hop:n * hop], codec.sample_rate)
+        print(f"wrote {paths.continuation} ({(n - t0) / rate:.2f} s continuation{stopped})")
+        if paths.full is not None:
+            save_audio(paths.full, sample[:, :n * hop], codec.sample_rate)
+            print(f"wrote {paths.full} ({n / rate:.2f} s prompt + continuation)")
