@@ -263,3 +263,55 @@ def test_reset_forgets_the_past():
         cache.reset()
         again = decode(model, b, cache, [3, 1, 1, 1])
         torch.testing.assert_close(again, model(b), atol=ATOL, rtol=0)
+
+
+# ---- a conditioned LM: the cross-attention cache next to the self-attention one (issue 20) ---------
+
+COND = {"speakers": ["a", "b"], "text_max_bytes": 16, "encoder_layers": 1}
+
+
+@pytest.mark.parametrize("pos", ["rope", "learned"])
+def test_cached_steps_with_cross_attention_equal_the_full_forward(pos):
+    """The cross-attention keys/values, computed once (`cross_memory`), with the self-attention cache step by
+    step give every logit of the full forward that projects them itself (atol 1e-5)."""
+    cfg = tiny(pos=pos, condition=COND)
+    model = MultiCodebookLM(cfg).eval()
+    tokens = random_tokens(cfg, 2, 20)
+    cond = model.condition_inputs(["ahoj", "loď"], ["a", "b"], 2)
+    with torch.no_grad():
+        full = model(tokens, memory=model.encode_condition(cond))
+        memory = model.cross_memory(cond)
+        assert memory.kv is not None and len(memory.kv) == cfg.n_layers
+        steps = torch.cat([model(tokens[..., i:i + 1], cache=cache, memory=memory)
+                           for cache in [model.new_cache(2, 20)] for i in range(20)], dim=2)
+        chunks = decode_with(model, tokens, model.new_cache(2, 20), [6, 1, 1, 12], memory)
+    torch.testing.assert_close(steps, full, atol=ATOL, rtol=0)
+    torch.testing.assert_close(chunks, full, atol=ATOL, rtol=0)
+    assert not torch.allclose(full, model(tokens), atol=1e-3)  # the condition is read (null conditions differ)
+
+
+def test_sink_ring_with_cross_attention_equals_a_fresh_training_window_with_the_same_condition():
+    """Past the context the condition stays in view unchanged: the sink ring's step at position p equals a full
+    forward over the fresh training window ending at p, under the same memory (1 layer, where the sink ring is
+    exactly a fresh window, as in the unconditioned test above; atol 1e-5)."""
+    cfg = tiny(pos="rope", n_layers=1, max_seq_len=16, condition=COND)
+    model = MultiCodebookLM(cfg).eval()
+    window, n = 12, 30
+    tokens = with_bos(cfg, random_tokens(cfg, 1, n))
+    cond = model.condition_inputs(["hele"], ["b"], 1)
+    cache = model.new_cache(1, window, ring=True, sink=True)
+    with torch.no_grad():
+        memory = model.cross_memory(cond)
+        for p in range(n):
+            step = model(tokens[..., p:p + 1], cache=cache, memory=memory)
+            fresh = tokens[..., :p + 1] if p < window else torch.cat([tokens[..., :1],
+                                                                       tokens[..., p + 2 - window:p + 1]], -1)
+            torch.testing.assert_close(step, model(fresh, memory=memory)[..., -1:, :], atol=ATOL, rtol=0)
+
+
+def decode_with(model, tokens, cache, chunks, memory):
+    out, start = [], 0
+    for n in chunks:
+        out.append(model(tokens[..., start:start + n], cache=cache, memory=memory))
+        start += n
+    return torch.cat(out, dim=2)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from lm import LMConfig, MultiCodebookLM
+from lm.conditioning import ConditionInputs
 from lm.layers import Attention, Block, FeedForward, LayerNorm, RMSNorm, SinusoidalPositions, SwiGLU
 from lm.rope import RotaryEmbedding, apply_rotary
 
@@ -284,6 +285,33 @@ def test_summed_loss_is_minus_log_chain_rule_probability_and_perplexity_is_exp_m
     assert n == cfg.n_codebooks * (5 + 3)
     torch.testing.assert_close(out.perplexity(), probs.prod() ** (-1.0 / n))
     torch.testing.assert_close(out.loss.exp(), out.perplexity())
+
+
+@pytest.mark.parametrize("pattern", ["delay", "parallel"])
+def test_conditioned_summed_loss_is_minus_log_chain_rule_probability_with_the_end_token(pattern):
+    """Seed 000 (next-token prediction) for a conditioned LM: with the end-of-audio target after a file's last
+    frame (lm.end_of_audio), the summed loss is still -log of the product of the conditionals, each taken from
+    a separate forward over the prefix alone under the row's own condition."""
+    from lm.end_of_audio import layout_with_end
+
+    cfg = tiny(pattern=pattern, codebook_size=8, condition={"speakers": ["a", "b"], "text_max_bytes": 8,
+                                                             "encoder_layers": 1})
+    model = MultiCodebookLM(cfg).double().eval()
+    codes = torch.randint(0, 8, (2, cfg.n_codebooks, 5))
+    frame_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    ends = torch.tensor([True, True])
+    cond = model.condition_inputs(["ahoj", None], ["b", "a"], 2)
+    seq, valid = layout_with_end(model.pattern, codes, frame_mask, ends, cfg.end_id, cfg.pad_id)
+    inputs = torch.cat([torch.full_like(seq[..., :1], cfg.bos_id), seq[..., :-1]], dim=-1)
+    log_p = torch.zeros(2, dtype=torch.float64)
+    for b in range(2):
+        memory = model.encode_condition(ConditionInputs(cond.text[b:b + 1], cond.text_len[b:b + 1],
+                                                        cond.speaker[b:b + 1]))
+        for s in range(seq.shape[-1]):
+            p = torch.log_softmax(model(inputs[b:b + 1, :, :s + 1], memory=memory)[0, :, s], dim=-1)
+            log_p[b] += sum(p[c, seq[b, c, s]] for c in range(cfg.n_codebooks) if valid[b, c, s])
+    torch.testing.assert_close(model.log_likelihood(codes, frame_mask, cond, ends), -log_p)
+    assert int(valid.sum()) == cfg.n_codebooks * (5 + 3) + 2  # every code, plus one end per row
 
 
 def test_padding_changes_neither_sum_nor_count():
