@@ -175,7 +175,7 @@ class TokenizeSummary:
     wall_seconds: float = 0.0
     errors: list[dict] = field(default_factory=list)
     metadata_files: list[str] = field(default_factory=list)  # metadata.jsonl / .csv read (relative)
-    files_with_metadata: int = 0  # files found that a metadata row names
+    files_with_metadata: int = 0  # files found whose metadata is not empty
     metadata_updated: int = 0  # files already tokenized whose manifest metadata this run changed
     metadata_errors: list[dict] = field(default_factory=list)  # rows that could not be attached
 
@@ -189,7 +189,7 @@ class TokenizeSummary:
             f"{self.files_skipped} already done, {self.files_failed} failed",
             f"audio: {self.audio_seconds / 3600:.3f} h in {self.wall_seconds:.1f} s "
             f"({self.realtime_factor:.1f}x real time)",
-        ] + ([f"metadata: {self.files_with_metadata} of {self.files_found} files have a row in "
+        ] + ([f"metadata: {self.files_with_metadata} of {self.files_found} files have some, from "
               f"{', '.join(self.metadata_files)}; {self.metadata_updated} already-tokenized files updated, "
               f"{len(self.metadata_errors)} rows with problems"] if self.metadata_files else [])
 
@@ -279,7 +279,7 @@ def _read_metadata(audio_dir, files: list[SourceFile], out: Path, summary: Token
     """Every found file's metadata ({} without a row), from the folder's audiofolder metadata files."""
     found = read_folder_metadata(audio_dir, [f.rel for f in files], exclude=out)
     summary.metadata_files, summary.metadata_errors = found.files, found.errors
-    summary.files_with_metadata = len(found.by_path)
+    summary.files_with_metadata = sum(1 for columns in found.by_path.values() if columns)
     return {f.rel: found.by_path.get(f.rel, {}) for f in files}
 
 

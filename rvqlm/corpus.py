@@ -8,16 +8,20 @@ with training audio. Training code never reads the test split.
 Layout written::
 
     OUT/corpus.json                 # the split, per-file durations, source and settings
-    OUT/metadata.jsonl              # what each file says and who says it (Hugging Face audiofolder)
+    OUT/{train,valid,test}/metadata.jsonl   # what each file says, who says it (audiofolder)
     OUT/{train,valid,test}/LEVEL/NAME.wav
 
 Writes are atomic and the job is resumable: files already converted are skipped, and
-`corpus.json` is written last, so its presence means the corpus is complete. `metadata.jsonl`
-comes from the game's dialog scripts (`rvqlm.dialogs`, Debian's `fillets-ng-data`): one row per
-file whose line has Czech text, `{"file_name": "train/airplane/let-m-divna.wav", "text": <Czech>,
-"text_en": <English>, "speaker": "font_small"}` (`speaker` absent when the script names no font).
-It is rebuilt from corpus.json on every `prepare_corpus` without decoding audio, so a corpus
-prepared before it existed gains it cheaply.
+`corpus.json` is written last, so its presence means the corpus is complete.
+
+`metadata.jsonl` follows Hugging Face's `audiofolder` convention, one per split folder (where
+`datasets` looks for it when a folder has split sub-folders), one row per file, `file_name`
+relative to the split folder: `{"file_name": "airplane/let-m-divna.wav", "text": <Czech>,
+"text_en": <English>, "speaker": "font_small"}`, from the game's dialog scripts (`rvqlm.dialogs`,
+Debian's `fillets-ng-data`). A file without a line with Czech text has `file_name` alone (so
+audiofolder keeps it); `speaker` is absent when the script names no font. It is rebuilt from
+corpus.json on every `prepare_corpus` without decoding audio, so a corpus prepared before it
+existed gains it cheaply.
 """
 
 from __future__ import annotations
@@ -123,7 +127,8 @@ class MetadataReport:
             return [f"no {METADATA} written: the dialog scripts are not installed ({self.missing_scripts} "
                     "missing; Debian package fillets-ng-data, `make system-deps`)"]
         top = ", ".join(f"{s or '(no font)'} {n}" for s, n in self.speakers.most_common())
-        return [f"{METADATA}: {self.rows} of {self.files} files have their line ({top})",
+        return [f"{', '.join(f'{s}/{METADATA}' for s in SPLITS)}: {self.rows} of {self.files} files have "
+                f"their line ({top})",
                 *_by_level("no line in the dialog scripts", self.no_dialog),
                 *_by_level("a line with no Czech text", self.no_text)]
 
@@ -139,9 +144,9 @@ def _by_level(what: str, paths: list[str]) -> list[str]:
 
 
 def write_corpus_metadata(corpus_dir: str | os.PathLike, script_dir: Path = FILLETS_SCRIPT_DIR) -> MetadataReport:
-    """Write `corpus_dir/metadata.jsonl` (module docstring) for the files of its corpus.json, from the
-    dialog scripts `script_dir/<level>/*dialogs_cs.lua`. Reads no audio; rewrites the file only when
-    its content changes. Without the scripts it writes nothing and says so in the report."""
+    """Write `corpus_dir/<split>/metadata.jsonl` (module docstring) for the files of its corpus.json,
+    from the dialog scripts `script_dir/<level>/*dialogs_cs.lua`. Reads no audio; rewrites a file
+    only when its content changes. Without the scripts it writes nothing and says so in the report."""
     corpus_dir = Path(corpus_dir)
     entries = _read_meta(corpus_dir)["files"]
     report = MetadataReport(files=len(entries))
@@ -149,21 +154,24 @@ def write_corpus_metadata(corpus_dir: str | os.PathLike, script_dir: Path = FILL
         report.missing_scripts = Path(script_dir)
         return report
     dialogs: dict[str, dict] = {}
-    lines = []
+    lines: dict[str, list[str]] = {s: [] for s in SPLITS if any(e["split"] == s for e in entries)}
     for e in entries:
         if e["level"] not in dialogs:
             dialogs[e["level"]] = level_dialogs(Path(script_dir) / e["level"])
         d = dialogs[e["level"]].get(Path(e["path"]).stem)
+        row = {"file_name": Path(e["path"]).relative_to(e["split"]).as_posix()}
         if d is None:
             report.no_dialog.append(e["path"])
         elif not (d.text or "").strip():
             report.no_text.append(e["path"])
         else:
-            row = {"file_name": e["path"], "text": d.text.strip(), "text_en": d.text_en.strip()}
-            row.update({"speaker": d.font} if d.font else {})
+            row.update(text=d.text.strip(), text_en=d.text_en.strip())
+            if d.font:
+                row["speaker"] = d.font
             report.speakers[d.font] += 1
-            lines.append(json.dumps(row, ensure_ascii=False) + "\n")
-    _write_if_changed(corpus_dir / METADATA, "".join(lines))
+        lines[e["split"]].append(json.dumps(row, ensure_ascii=False) + "\n")
+    for split, rows in lines.items():
+        _write_if_changed(corpus_dir / split / METADATA, "".join(rows))
     return report
 
 
@@ -227,11 +235,12 @@ def corpus_subset(corpus_dir: str | os.PathLike, out_dir: str | os.PathLike, per
                 link.parent.mkdir(parents=True, exist_ok=True)
                 link.symlink_to(source / e["path"])
         atomic_write_json(meta_path, {**meta, "settings": settings, "minutes": _minutes(entries), "files": entries})
-    if (source / METADATA).is_file():  # the rows of the subset's files, as in the source
-        kept = {e["path"] for e in entries}
-        lines = (source / METADATA).read_text(encoding="utf-8").split("\n")  # not splitlines: U+2028 in texts
-        _write_if_changed(out / METADATA, "".join(line + "\n" for line in lines
-                                                  if line and json.loads(line)["file_name"] in kept))
+    for split in SPLITS:  # the rows of the subset's files, as in the source
+        if (source / split / METADATA).is_file():
+            kept = {e["path"] for e in entries}
+            lines = (source / split / METADATA).read_text(encoding="utf-8").split("\n")  # U+2028 may be in texts
+            _write_if_changed(out / split / METADATA, "".join(
+                line + "\n" for line in lines if line and f"{split}/{json.loads(line)['file_name']}" in kept))
     return out
 
 

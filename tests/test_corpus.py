@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rvqlm.corpus import (FILLETS_SCRIPT_DIR, corpus_subset, list_source_files, prepare_corpus, split_of_level,
-                          write_corpus_metadata)
+from rvqlm.corpus import (FILLETS_SCRIPT_DIR, SPLITS, corpus_subset, list_source_files, prepare_corpus,
+                          split_of_level, write_corpus_metadata)
 from rvqlm.dialogs import Dialog, DialogError, parse_dialogs
 
 
@@ -93,23 +93,30 @@ def test_metadata_jsonl_rows_in_the_audiofolder_convention(tmp_path):
     (scripts / "lvl" / "dialogs_en.lua").write_text('dialogId("a-m-1", "font_big", "other language")\n')
     corpus = _fake_corpus(tmp_path / "corpus", {"lvl": ["a-m-1", "b-v-2", "c-x", "d-m", "e", "f"]})
     report = write_corpus_metadata(corpus, scripts)
-    rows = [json.loads(line) for line in (corpus / "metadata.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert rows[0] == {"file_name": "train/lvl/a-m-1.wav", "text": 'Řekni "ahoj".', "text_en": 'Say "hi".',
-                       "speaker": "font_small"}
-    assert [r["file_name"] for r in rows] == ["train/lvl/a-m-1.wav", "train/lvl/b-v-2.wav", "train/lvl/e.wav"]
-    assert rows[2] == {"file_name": "train/lvl/e.wav", "text": "Ahoj", "text_en": "Hello"}  # no font: no speaker
+    assert not (corpus / "metadata.jsonl").exists()  # one per split folder, where audiofolder looks
+    rows = [json.loads(line) for line in (corpus / "train" / "metadata.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert rows == [
+        {"file_name": "lvl/a-m-1.wav", "text": 'Řekni "ahoj".', "text_en": 'Say "hi".', "speaker": "font_small"},
+        {"file_name": "lvl/b-v-2.wav",
+         "text": "Když na tomhle počítači běží Word,\n my se\nscházíme v C:\\WINDOWS ABčkonec",
+         "text_en": "C:\\WINDOWS\\CONFIG is where we meet", "speaker": "font_big"},
+        {"file_name": "lvl/c-x.wav"},  # no Czech line: the file alone
+        {"file_name": "lvl/d-m.wav"},
+        {"file_name": "lvl/e.wav", "text": "Ahoj", "text_en": "Hello"},  # no font: no speaker
+        {"file_name": "lvl/f.wav"},
+    ]
     assert (report.rows, report.files, dict(report.speakers)) == (3, 6, {"font_small": 1, "font_big": 1, "": 1})
     assert report.no_dialog == ["train/lvl/f.wav"]
     assert report.no_text == ["train/lvl/c-x.wav", "train/lvl/d-m.wav"]
     lines = report.lines()
-    assert lines[0].startswith("metadata.jsonl: 3 of 6 files have their line")
+    assert "3 of 6 files have their line" in lines[0]
     assert "  lvl: f" in lines and "  lvl: c-x, d-m" in lines
-    before = (corpus / "metadata.jsonl").stat().st_mtime_ns
+    before = (corpus / "train" / "metadata.jsonl").stat().st_mtime_ns
     write_corpus_metadata(corpus, scripts)
-    assert (corpus / "metadata.jsonl").stat().st_mtime_ns == before  # unchanged content: not rewritten
+    assert (corpus / "train" / "metadata.jsonl").stat().st_mtime_ns == before  # same content: not rewritten
 
     missing = write_corpus_metadata(_fake_corpus(tmp_path / "c2", {"lvl": ["a-m-1"]}), tmp_path / "nowhere")
-    assert "not installed" in missing.lines()[0] and not (tmp_path / "c2" / "metadata.jsonl").exists()
+    assert "not installed" in missing.lines()[0] and not list((tmp_path / "c2").rglob("metadata.jsonl"))
 
 
 def test_a_prepared_corpus_gains_metadata_without_decoding_audio(tmp_path, monkeypatch, capsys):
@@ -118,7 +125,8 @@ def test_a_prepared_corpus_gains_metadata_without_decoding_audio(tmp_path, monke
     out = tmp_path / "corpus"
     assert cli_main(["corpus", "prepare", "--out", str(out), "--max-files-per-split", "2"]) == 0
     assert "files have their line" in capsys.readouterr().out
-    (out / "metadata.jsonl").unlink()  # as a corpus prepared before metadata existed
+    for split in SPLITS:
+        (out / split / "metadata.jsonl").unlink()  # as a corpus prepared before metadata existed
     wavs = {p: p.stat().st_mtime_ns for p in out.rglob("*.wav")}
 
     def no_audio(*args, **kwargs):
@@ -127,12 +135,15 @@ def test_a_prepared_corpus_gains_metadata_without_decoding_audio(tmp_path, monke
     monkeypatch.setattr("rvqlm.corpus.load_audio", no_audio)
     monkeypatch.setattr("rvqlm.corpus.save_audio", no_audio)
     prepare_corpus(out, 16000, max_files_per_split=2, progress=False)
-    rows = [json.loads(line) for line in (out / "metadata.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert {r["file_name"] for r in rows} <= {p.relative_to(out).as_posix() for p in wavs} and rows
+    rows = {split: [json.loads(line) for line in (out / split / "metadata.jsonl").read_text("utf-8").splitlines()]
+            for split in SPLITS}
+    assert {f"{s}/{r['file_name']}" for s in SPLITS for r in rows[s]} == {p.relative_to(out).as_posix() for p in wavs}
+    assert sum("text" in r for s in SPLITS for r in rows[s]) >= 4
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.wav")} == wavs
     sub = corpus_subset(out, tmp_path / "sub", 1)
-    sub_rows = [json.loads(line) for line in (sub / "metadata.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert sub_rows == [r for r in rows if (sub / r["file_name"]).exists()] and sub_rows
+    for split in SPLITS:
+        sub_rows = [json.loads(line) for line in (sub / split / "metadata.jsonl").read_text("utf-8").splitlines()]
+        assert sub_rows == [r for r in rows[split] if (sub / split / r["file_name"]).exists()] and len(sub_rows) == 1
 
 
 @pytest.mark.skipif(not FILLETS_SCRIPT_DIR.is_dir(), reason="fillets-ng-data (the dialog scripts) not installed")
