@@ -24,14 +24,24 @@ one padded, so every held-out frame is scored exactly once; they are the same on
 
 Batches are dicts: ``codes`` [B, N_c, T] int64, ``frame_mask`` [B, T] bool, and for training
 ``batch_index`` (the batch's position in the run's stream).
+
+Conditions (``conditions=True``, for a conditioned LM): each window also carries its file's
+``text`` and ``speaker`` (lists of B strings from the token folder's metadata, "" = none) and
+``ends`` [B] bool (the window reaches its file's last frame: the end-of-audio token follows).
+A text says what a whole file says, so only a window that starts at its file's first frame gets
+it; a window that starts inside a file gets the null text "" (it does not hold the start the
+text begins with) but keeps the speaker, whose voice is the same throughout. Which windows are
+drawn does not depend on conditions, so a conditioned run sees the windows an unconditioned one does.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator, Literal, Sequence
 
@@ -89,24 +99,47 @@ def select_split(relpaths: Sequence[str], split: str, split_by: SplitBy = "prefi
 
 @dataclass(frozen=True)
 class TokenFiles:
-    """The files of one split: which shard entries, and how many frames each holds."""
+    """The files of one split: which shard entries, how many frames each holds, and each file's text
+    and speaker from its metadata ("" when it has none)."""
 
     tokens_dir: str
     entry_indices: tuple[int, ...]
     n_frames: tuple[int, ...]
     relpaths: tuple[str, ...]
+    texts: tuple[str, ...] = ()
+    speakers: tuple[str, ...] = ()
 
     @classmethod
     def of_split(cls, tokens_dir: str | os.PathLike, split: str, split_by: SplitBy = "prefix",
-                 valid_fraction: float = 0.1, shards: TokenShards | None = None) -> "TokenFiles":
+                 valid_fraction: float = 0.1, shards: TokenShards | None = None,
+                 text_field: str = "text") -> "TokenFiles":
         shards = shards or TokenShards.open(tokens_dir)
         relpaths = [e.path for e in shards.entries]
         chosen = [i for i in select_split(relpaths, split, split_by, valid_fraction)
                   if shards.entries[i].n_frames > 0]
         if not chosen:
             raise ValueError(f"every file of the '{split}' split of {tokens_dir} has 0 frames")
+        texts = tuple(metadata_string(shards.entries[i].metadata, text_field, tokens_dir, relpaths[i]) for i in chosen)
+        speakers = tuple(metadata_string(shards.entries[i].metadata, "speaker", tokens_dir, relpaths[i])
+                         for i in chosen)
         return cls(str(tokens_dir), tuple(chosen), tuple(shards.entries[i].n_frames for i in chosen),
-                   tuple(relpaths[i] for i in chosen))
+                   tuple(relpaths[i] for i in chosen), texts, speakers)
+
+    @cached_property
+    def _file_of_entry(self) -> dict[int, int]:
+        return {entry: i for i, entry in enumerate(self.entry_indices)}
+
+    def conditions(self, spans: Sequence[tuple[int, int, int]]) -> dict:
+        """The conditions of windows (entry index, start, n frames): text ("" unless the window starts
+        the file), speaker and ends [B] bool (see the module docstring)."""
+        files = [self._file_of_entry[entry] for entry, _, _ in spans]
+        return {"text": [self.texts[f] if start == 0 else "" for f, (_, start, _) in zip(files, spans)],
+                "speaker": [self.speakers[f] for f in files],
+                "ends": torch.tensor([start + n == self.n_frames[f] for f, (_, start, n) in zip(files, spans)])}
+
+    def conditions_sha256(self) -> str:
+        """A hash of every file's text and speaker: a resumed run must read the same conditions."""
+        return hashlib.sha256(json.dumps([self.texts, self.speakers], ensure_ascii=False).encode()).hexdigest()
 
     @property
     def total_frames(self) -> int:
@@ -114,6 +147,17 @@ class TokenFiles:
 
     def __len__(self) -> int:
         return len(self.entry_indices)
+
+
+def metadata_string(metadata: dict, key: str, tokens_dir, relpath: str) -> str:
+    """metadata[key] as a string ("" when absent or null); ValueError naming the file for anything else."""
+    value = metadata.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{tokens_dir}/manifest.jsonl: {relpath}: metadata {key!r} must be a string, "
+                         f"got {type(value).__name__}")
+    return value
 
 
 # ---- reading windows --------------------------------------------------------------------------------
@@ -162,7 +206,7 @@ class TrainWindowStream(BatchStream):
 
     def __init__(self, files: TokenFiles, n_codebooks: int, window_frames: int, batch_size: int,
                  batches_per_epoch: int, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 position: StreamPosition | None = None):
+                 position: StreamPosition | None = None, conditions: bool = False):
         if window_frames < 1:
             raise ValueError(f"window_frames must be >= 1, got {window_frames}")
         super().__init__(batch_size, batches_per_epoch, rank, world_size, position)
@@ -171,6 +215,7 @@ class TrainWindowStream(BatchStream):
         self.n_codebooks = n_codebooks
         self.window_frames = window_frames
         self.seed = seed
+        self.conditions = conditions
         self._cum_frames = np.cumsum(np.asarray(files.n_frames, dtype=np.int64))
 
     def sample_span(self, sample_index: int) -> tuple[int, int, int]:
@@ -188,6 +233,8 @@ class TrainWindowStream(BatchStream):
         first = self.first_sample(batch_index)
         spans = [self.sample_span(first + j) for j in range(self.batch_size)]
         out = self.reader.read_batch(spans, self.window_frames, self.n_codebooks)
+        if self.conditions:
+            out.update(self.files.conditions(spans))
         out["batch_index"] = torch.tensor(batch_index)
         return out
 
@@ -200,10 +247,12 @@ class ValidWindows(IterableDataset):
     """
 
     def __init__(self, files: TokenFiles, n_codebooks: int, window_frames: int, batch_size: int,
-                 rank: int = 0, world_size: int = 1, max_windows: int | None = None):
+                 rank: int = 0, world_size: int = 1, max_windows: int | None = None, conditions: bool = False):
         if window_frames < 1 or batch_size < 1:
             raise ValueError(f"window_frames and batch_size must be >= 1, got {window_frames}, {batch_size}")
         self.reader = _WindowReader(files.tokens_dir)
+        self.files = files
+        self.conditions = conditions
         self.n_codebooks = n_codebooks
         self.window_frames = window_frames
         self.batch_size = batch_size
@@ -225,7 +274,10 @@ class ValidWindows(IterableDataset):
         worker, n_workers = worker_share()
         for b in range(worker, len(self), n_workers):
             chunk = self.spans[b * self.batch_size:(b + 1) * self.batch_size]
-            yield self.reader.read_batch(chunk, self.window_frames, self.n_codebooks)
+            out = self.reader.read_batch(chunk, self.window_frames, self.n_codebooks)
+            if self.conditions:
+                out.update(self.files.conditions(chunk))
+            yield out
 
 
 # ---- the DataModule ---------------------------------------------------------------------------------
@@ -243,16 +295,19 @@ class TokenDataModule(pl.LightningDataModule):
         max_valid_windows: cap on validation windows (evenly spaced); None = every held-out frame.
         num_workers: DataLoader worker processes (reading is a memory-map copy: 0 is usually best).
         seed: the training stream's seed.
+        conditions: give each window its file's text, speaker and end (a conditioned LM; see the
+            module docstring); `text_field` names the metadata column of the text.
 
     The token layout (n_codebooks, codebook_size, codec_fingerprint, frame_rate) is read from
-    the shards at construction, so a model can be sized from it (LightningCLI links them).
+    the shards at construction, so a model can be sized from it (LightningCLI links them), and so
+    is `speakers`: every speaker name in the folder's metadata, sorted (a conditioned LM's table).
     The data position (batches consumed) is saved in checkpoints through state_dict.
     """
 
     def __init__(self, tokens_dir: str, window_frames: int = 500, batch_size: int = 8,
                  batches_per_epoch: int = 1000, split_by: SplitBy = "prefix", valid_fraction: float = 0.1,
                  valid_batch_size: int | None = None, max_valid_windows: int | None = None,
-                 num_workers: int = 0, seed: int = 0):
+                 num_workers: int = 0, seed: int = 0, conditions: bool = False, text_field: str = "text"):
         super().__init__()
         if not Path(tokens_dir).is_dir():
             raise FileNotFoundError(f"token folder {tokens_dir} does not exist (make it with `rvqlm tokenize`)")
@@ -262,8 +317,10 @@ class TokenDataModule(pl.LightningDataModule):
         self.codebook_size = int(shards.codebook_size)
         self.codec_fingerprint = str(shards.fingerprint)
         self.frame_rate = float(shards.frame_rate)
-        self.train_files = TokenFiles.of_split(self.tokens_dir, "train", split_by, valid_fraction, shards)
-        self.valid_files = TokenFiles.of_split(self.tokens_dir, "valid", split_by, valid_fraction, shards)
+        self.train_files = TokenFiles.of_split(self.tokens_dir, "train", split_by, valid_fraction, shards, text_field)
+        self.valid_files = TokenFiles.of_split(self.tokens_dir, "valid", split_by, valid_fraction, shards, text_field)
+        self.speakers = sorted({str(e.metadata["speaker"]) for e in shards.entries if e.metadata.get("speaker")})
+        self.conditions = conditions
         self.window_frames = window_frames
         self.batch_size = batch_size
         self.batches_per_epoch = batches_per_epoch
@@ -280,7 +337,7 @@ class TokenDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()
         stream = TrainWindowStream(self.train_files, self.n_codebooks, self.window_frames, self.batch_size,
-                                   self.batches_per_epoch, self.seed, rank, world, self.position)
+                                   self.batches_per_epoch, self.seed, rank, world, self.position, self.conditions)
         # batch_size=None: the stream yields whole batches. No persistent workers: each epoch's
         # workers must start from the current position.
         return StreamLoader(stream, batch_size=None, num_workers=self.num_workers)
@@ -288,7 +345,7 @@ class TokenDataModule(pl.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()
         windows = ValidWindows(self.valid_files, self.n_codebooks, self.window_frames, self.valid_batch_size,
-                               rank, world, self.max_valid_windows)
+                               rank, world, self.max_valid_windows, self.conditions)
         return DataLoader(windows, batch_size=None, num_workers=self.num_workers)
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
@@ -300,8 +357,11 @@ class TokenDataModule(pl.LightningDataModule):
 
     def _stream_settings(self) -> dict:
         """What the training stream depends on besides its position: a resume must not change it."""
-        return {"seed": self.seed, "batch_size": self.batch_size, "window_frames": self.window_frames,
-                "train_files": len(self.train_files), "codec_fingerprint": self.codec_fingerprint}
+        settings = {"seed": self.seed, "batch_size": self.batch_size, "window_frames": self.window_frames,
+                    "train_files": len(self.train_files), "codec_fingerprint": self.codec_fingerprint}
+        if self.conditions:
+            settings["conditions_sha256"] = self.train_files.conditions_sha256()
+        return settings
 
     def state_dict(self) -> dict:
         return {"consumed_batches": self.position.consumed_batches, **self._stream_settings()}

@@ -12,6 +12,9 @@ the LightningCLI entry point, held-out evaluation and the unigram baseline.
   second (all ranks), and MFU against the fp32 matmul peak `measure_matmul_peak` measures at fit start.
 * After fit, rank 0 saves `<trainer.default_root_dir>/pretrained/` (save_pretrained); its config
   carries the codec fingerprint of the training tokens.
+* A conditioned LM (config.condition) trains on windows with their file's text, speaker and end
+  (`data.conditions: true`); its speaker table is the token folder's speakers unless the recipe
+  lists them (`speakers` is linked from the data like the token layout).
 
 Why these choices: docs/experiments.md, "language model".
 """
@@ -91,6 +94,38 @@ def check_fingerprint(lm_fingerprint: str | None, tokens_fingerprint: str | None
                          f"holds tokens of codec {tok_fp}; token ids of different codecs mean different sounds")
 
 
+# ---- conditions ------------------------------------------------------------------------------------
+
+def batch_conditions(model: MultiCodebookLM, batch: dict, ends: bool = True) -> dict[str, Any]:
+    """The `loss` arguments of a batch's conditions for a conditioned LM ({} for an unconditioned
+    one): condition (texts and speakers, "" = null) and, with `ends`, the file ends."""
+    if model.cfg.condition is None:
+        return {}
+    n = batch["codes"].shape[0]
+    condition = model.condition_inputs([t or None for t in batch["text"]], [s or None for s in batch["speaker"]], n)
+    return {"condition": condition, "ends": batch["ends"] if ends else None}
+
+
+def check_conditions(cfg: LMConfig, dm: TokenDataModule) -> None:
+    """A conditioned LM needs data with conditions (and the other way round), texts within its
+    limit and speakers in its table: ValueError naming the file or the speakers."""
+    if (cfg.condition is not None) != dm.conditions:
+        raise ValueError(f"the LM {'is' if cfg.condition is not None else 'is not'} conditioned but "
+                         f"data.conditions is {dm.conditions}: set both (model.config.condition and "
+                         "data.conditions: true) or neither")
+    if cfg.condition is None:
+        return
+    known = set(cfg.condition.speakers)
+    for files in (dm.train_files, dm.valid_files):
+        for path, text, speaker in zip(files.relpaths, files.texts, files.speakers):
+            if len(text.encode("utf-8")) > cfg.condition.text_max_bytes:
+                raise ValueError(f"{dm.tokens_dir}: {path}: its text has {len(text.encode('utf-8'))} UTF-8 bytes, "
+                                 f"over the LM's text_max_bytes={cfg.condition.text_max_bytes}")
+            if speaker and speaker not in known:
+                raise ValueError(f"{dm.tokens_dir}: {path}: speaker {speaker!r} is not in the LM's table "
+                                 f"({', '.join(cfg.condition.speakers) or 'empty'})")
+
+
 # ---- the LightningModule ----------------------------------------------------------------------------
 
 class LMTrainingModule(ResumesRngState, pl.LightningModule):
@@ -106,22 +141,25 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         export: write `<default_root_dir>/pretrained/` after fit.
         init_from: a `save_pretrained` folder to start from (fine-tuning). Its architecture must
             equal `config`'s (dropout may differ) and it must come from the same codec's tokens.
+        speakers: the speaker table of a conditioned LM whose config lists none (linked from the data).
     """
 
     def __init__(self, config: LMConfig, n_codebooks: int | None = None, codebook_size: int | None = None,
                  codec_fingerprint: str | None = None, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
                  adam_eps: float = 1e-8, weight_decay: float = 0.1, warmup_steps: int = 100,
                  min_lr_ratio: float = 0.1, total_steps: int | None = None, measure_peak: bool = True,
-                 export: bool = True, init_from: str | None = None):
+                 export: bool = True, init_from: str | None = None, speakers: list[str] | None = None):
         super().__init__()
         overrides = {k: v for k, v in (("n_codebooks", n_codebooks), ("codebook_size", codebook_size),
                                        ("codec_fingerprint", codec_fingerprint)) if v is not None}
+        if config.condition is not None and not config.condition.speakers and speakers:
+            overrides["condition"] = dataclasses.replace(config.condition, speakers=list(speakers))
         self.lm_config = dataclasses.replace(config, **overrides)
         if warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0 or lr <= 0:
             raise ValueError(f"need lr > 0, warmup_steps >= 0 and min_lr_ratio in [0, 1]; got {lr}, "
                              f"{warmup_steps}, {min_lr_ratio}")
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
-        self.save_hyperparameters(ignore=["config", "n_codebooks", "codebook_size", "codec_fingerprint"])
+        self.save_hyperparameters(ignore=["config", "n_codebooks", "codebook_size", "codec_fingerprint", "speakers"])
         self.hparams["config"] = self.lm_config.to_dict()  # complete, as LightningCLI re-reads it on resume
         self.model = MultiCodebookLM(self.lm_config)
         if init_from is not None:
@@ -152,6 +190,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
             if self.model.pattern.sequence_length(dm.window_frames) > self.lm_config.max_seq_len:
                 raise ValueError(f"window_frames={dm.window_frames} needs more than max_seq_len="
                                  f"{self.lm_config.max_seq_len} positions (at most {self.lm_config.max_frames} frames)")
+            check_conditions(self.lm_config, dm)
         if self.hparams.measure_peak:
             self.matmul_peak = measure_matmul_peak()
 
@@ -160,7 +199,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         self._last_batch_end = None
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        out = self.model.loss(batch["codes"], batch["frame_mask"])
+        out = self.model.loss(batch["codes"], batch["frame_mask"], **batch_conditions(self.model, batch))
         self._log_losses("train", out.nll_sum.detach(), out.count, loss=out.loss.detach())
         return out.loss
 
@@ -197,7 +236,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         self._val_count = torch.zeros(n_c, dtype=torch.float64, device=self.device)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        out = self.model.loss(batch["codes"], batch["frame_mask"])
+        out = self.model.loss(batch["codes"], batch["frame_mask"], **batch_conditions(self.model, batch))
         self._val_nll += out.nll_sum.double()
         self._val_count += out.count.double()
 
@@ -249,13 +288,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 # ---- evaluation -------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def evaluate_nll(model: MultiCodebookLM, windows: ValidWindows) -> tuple[Tensor, Tensor]:
-    """Summed NLL (nats) and target counts per codebook over all windows: ([N_c] f64, [N_c] int64)."""
+def evaluate_nll(model: MultiCodebookLM, windows: ValidWindows, ends: bool = False) -> tuple[Tensor, Tensor]:
+    """Summed NLL (nats) and target counts per codebook over all windows: ([N_c] f64, [N_c] int64).
+    A conditioned LM reads each window's conditions (windows built with conditions=True); its
+    end-of-audio targets count only with `ends`, so by default the targets are the codes alone."""
     model.eval()
     nll = torch.zeros(model.cfg.n_codebooks, dtype=torch.float64)
     count = torch.zeros(model.cfg.n_codebooks, dtype=torch.int64)
     for batch in windows:
-        out = model.loss(batch["codes"].to(model.device), batch["frame_mask"].to(model.device))
+        out = model.loss(batch["codes"].to(model.device), batch["frame_mask"].to(model.device),
+                         **batch_conditions(model, batch, ends))
         nll += out.nll_sum.double().cpu()
         count += out.count.cpu()
     return nll, count
@@ -292,7 +334,8 @@ def held_out_report(model: MultiCodebookLM, tokens_dir: str, split: str = "valid
     optionally next to the unigram baseline of the train split on exactly the same targets.
 
     Refuses tokens of another codec (fingerprint) or another (N_c, |V|) layout, and windows longer
-    than the LM's context. Returns a JSON-ready dict (`rvqlm eval-lm` prints it).
+    than the LM's context. A conditioned LM reads each file's own text and speaker and is scored on
+    the codes only (the unigram baseline's targets). Returns a JSON-ready dict (`rvqlm eval-lm` prints it).
     """
     from rvqlm_core.token_shards import TokenShards
 
@@ -308,7 +351,7 @@ def held_out_report(model: MultiCodebookLM, tokens_dir: str, split: str = "valid
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     files = TokenFiles.of_split(tokens_dir, split, split_by, valid_fraction, shards)
-    windows = ValidWindows(files, cfg.n_codebooks, window, batch_size)
+    windows = ValidWindows(files, cfg.n_codebooks, window, batch_size, conditions=cfg.condition is not None)
     with torch.inference_mode():
         nll, count = evaluate_nll(model, windows)
     report: dict[str, Any] = {"tokens": str(tokens_dir), "split": split, "files": len(files),
@@ -335,7 +378,7 @@ class LMTrainingCLI(LightningCLI):
     """
 
     def add_arguments_to_parser(self, parser) -> None:
-        for name in ("n_codebooks", "codebook_size", "codec_fingerprint"):
+        for name in ("n_codebooks", "codebook_size", "codec_fingerprint", "speakers"):
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:

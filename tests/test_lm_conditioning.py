@@ -382,3 +382,125 @@ def test_the_shipped_lm_loads_and_gives_the_logits_and_generation_it_gave_before
         [394, 376, 844, 725, 725, 725, 725, 11, 11, 11, 11, 8], [747, 926, 926, 262, 262, 262, 262, 262, 262, 647, 197, 647],
         [458, 458, 458, 458, 458, 91, 91, 91, 61, 269, 269, 269], [152, 152, 141, 141, 141, 141, 141, 141, 141, 19, 977, 252],
         [132, 132, 132, 132, 132, 132, 1004, 465, 465, 465, 998, 998], [395, 395, 395, 395, 451, 451, 451, 629, 199, 243, 243, 592]]
+
+
+# ---- training data: each window's condition from the token folder's metadata ------------------------
+
+def conditioned_tokens(out: Path):
+    """The synthetic token corpus of tests/test_lm_data.py, every 5th file without metadata, the others
+    with a text and one of three speakers."""
+    import numpy as np
+
+    from rvqlm_core.shard_writer import write_token_corpus
+    from test_lm_data import codec_meta, learnable_tokens
+
+    rng = np.random.default_rng(0)
+    arrays, meta = {}, {}
+    for i in range(24):
+        path = f"{'train' if i < 18 else 'valid'}/level{i % 4}/f{i:03d}.wav"
+        arrays[path] = learnable_tokens(int(rng.integers(10, 120)), rng)
+        if i % 5:
+            meta[path] = {"text": f"věta {i}", "text_en": f"sentence {i}", "speaker": SPEAKERS[i % 3]}
+    return write_token_corpus(out, arrays, codec_meta(), shard_frames=500, metadata=meta)
+
+
+@pytest.fixture(scope="module")
+def cond_tokens(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cond_tokens") / "tok"
+    conditioned_tokens(out)
+    return out
+
+
+def test_a_window_gets_its_files_speaker_its_text_only_from_the_start_and_the_end_only_at_the_end(cond_tokens):
+    """lm.data's rule: text for a window that starts its file, "" (null) inside it; speaker always; ends where the
+    window reaches the file's last frame. The windows drawn are those of an unconditioned stream."""
+    from lm.data import TokenDataModule, TokenFiles, TrainWindowStream, ValidWindows
+
+    files = TokenFiles.of_split(cond_tokens, "train")
+    kw = dict(n_codebooks=3, window_frames=40, batch_size=4, batches_per_epoch=10, seed=3)
+    plain, cond = TrainWindowStream(files, **kw), TrainWindowStream(files, **kw, conditions=True)
+    seen = {"start": 0, "inside": 0, "end": 0, "no metadata": 0}
+    for b in range(10):
+        batch, plain_batch = cond.batch(b), plain.batch(b)
+        assert torch.equal(batch["codes"], plain_batch["codes"]) and "text" not in plain_batch
+        for j in range(4):
+            entry, start, length = cond.sample_span(b * 4 + j)
+            f = files.entry_indices.index(entry)
+            i = int(files.relpaths[f][-7:-4])  # f{i:03d}.wav
+            meta = i % 5 != 0
+            assert batch["speaker"][j] == (SPEAKERS[i % 3] if meta else "")
+            assert batch["text"][j] == (f"věta {i}" if meta and start == 0 else "")
+            assert bool(batch["ends"][j]) == (start + length == files.n_frames[f])
+            seen["start"] += start == 0 and meta
+            seen["inside"] += start > 0
+            seen["end"] += bool(batch["ends"][j])
+            seen["no metadata"] += not meta
+    assert all(seen.values()), seen
+    valid = TokenFiles.of_split(cond_tokens, "valid")
+    windows = list(ValidWindows(valid, 3, 30, 50, conditions=True))[0]
+    firsts = [start == 0 for _, start, _ in ValidWindows(valid, 3, 30, 50).spans]
+    assert [bool(t) for t in windows["text"]] == [f and bool(valid.texts[k]) for k, f in
+                                                   zip(_file_per_span(valid, 30), firsts)]
+    assert int(windows["ends"].sum()) == len(valid)  # each file's last window, once
+    dm = TokenDataModule(str(cond_tokens), window_frames=40, conditions=True)
+    assert dm.speakers == sorted(SPEAKERS) and "conditions_sha256" in dm.state_dict()
+
+
+def _file_per_span(files, window):
+    return [k for k, n in enumerate(files.n_frames) for _ in range(0, n, window)]
+
+
+def test_training_refuses_conditions_that_do_not_fit_the_lm(cond_tokens):
+    from lm.data import TokenDataModule
+    from lm.training import check_conditions
+
+    dm = TokenDataModule(str(cond_tokens), window_frames=40, conditions=True)
+    with pytest.raises(ValueError, match="its text has 7 UTF-8 bytes, over the LM's text_max_bytes=4"):
+        check_conditions(cond_cfg(condition={"text_max_bytes": 4}), dm)
+    with pytest.raises(ValueError, match="speaker 'font_(small|big|white)' is not in the LM's table \\(font_small\\)"):
+        check_conditions(cond_cfg(condition={"speakers": ["font_small"]}), dm)
+    with pytest.raises(ValueError, match="data.conditions is False"):
+        check_conditions(cond_cfg(), TokenDataModule(str(cond_tokens), window_frames=40))
+    check_conditions(cond_cfg(), dm)  # the table and the limit fit
+
+
+CONDITION_ARGS = ["--data.conditions", "true", "--model.config.condition",
+                  json.dumps({"text_max_bytes": 16, "encoder_layers": 1, "text_dropout": 0.3, "speaker_dropout": 0.3})]
+
+
+def test_a_killed_conditioned_run_resumes_exactly(cond_tokens, tmp_path):
+    """Issue 20: exact resume of a conditioned run (condition dropout draws from the restored RNG; the data
+    position and the conditions are the checkpoint's): an uninterrupted 14 steps vs killed at 11 + resumed give
+    the same loss at every step and the same weights; its speaker table comes from the token folder; a resume
+    after the metadata changed is refused."""
+    import shutil
+
+    from lm.training import train_main
+    from rvqlm_core.shard_writer import ShardWriter
+    from rvqlm_core.token_shards import TokenShards
+    from test_lm_data import codec_meta
+    from test_lm_training import (RESUME_ARGS, KillAtStep, RecordLosses, callback_arg, read_losses, run_cli_subprocess,
+                                  tiny_args)
+
+    common = [*RESUME_ARGS, *CONDITION_ARGS]
+    full_log, cut_log = tmp_path / "full.jsonl", tmp_path / "cut.jsonl"
+    train_main(tiny_args(cond_tokens, tmp_path / "full", *common, callback_arg(RecordLosses, path=str(full_log))))
+    killed = run_cli_subprocess(tiny_args(cond_tokens, tmp_path / "cut", *common,
+                                          callback_arg(RecordLosses, path=str(cut_log)), callback_arg(KillAtStep, step=11)))
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    train_main(tiny_args(cond_tokens, tmp_path / "cut", *common, callback_arg(RecordLosses, path=str(cut_log)),
+                         "--ckpt_path", "last"))
+    full, resumed = read_losses(full_log), read_losses(cut_log)
+    assert sorted(full) == sorted(resumed) == list(range(1, 15))
+    assert all(resumed[s] == full[s] for s in full), [(s, resumed[s], full[s]) for s in full]
+    a = MultiCodebookLM.from_pretrained(tmp_path / "full" / "pretrained")
+    b = MultiCodebookLM.from_pretrained(tmp_path / "cut" / "pretrained")
+    assert a.cfg.condition.speakers == sorted(SPEAKERS) and a.cfg.end_id == 16
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    # new metadata under the same tokens: the stream would not be the one the checkpoint was in
+    changed = tmp_path / "tok_changed"
+    shutil.copytree(cond_tokens, changed)
+    writer = ShardWriter(changed, codec_meta())
+    writer.update_metadata({TokenShards.open(changed).entries[0].path: {"text": "jiná věta", "speaker": "font_big"}})
+    with pytest.raises(ValueError, match="conditions_sha256"):
+        train_main(tiny_args(changed, tmp_path / "cut", *common, "--trainer.max_steps", "16", "--ckpt_path", "last"))
