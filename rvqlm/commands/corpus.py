@@ -13,7 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                            "speaker, from Debian's fillets-ng-data dialog scripts)")
     prep.add_argument("--voices", action="store_true",
                       help="prepare the voices corpus instead (other speakers and languages, Debian's "
-                           "asterisk-core-sounds-*-g722; `make voices` installs them) into data/voices-16k")
+                           "asterisk-core-sounds-*-g722 and hedgewars-data's voice packs; `make voices` installs them) "
+                           "into data/voices-16k")
     prep.add_argument("--out", default=None, help="output folder (default data/fillets-cs-16k, or data/voices-16k)")
     prep.add_argument("--sample-rate", type=int, default=16000)
     prep.add_argument("--max-files-per-split", type=int, default=None, help="a quick subset")
