@@ -158,10 +158,13 @@ class MultiCodebookLM(nn.Module):
         6 N for the N parameters used in matrix products (blocks and heads, tied or not; embedding
         lookups are gathers and cost none), plus the attention scores and weighted values,
         12 n_layers d S per position for a context of S (default max_seq_len), as in PaLM's MFU.
+        A conditioned LM's cross-attention keys/values and its encoder run per source position,
+        not per frame, and are left out (a text is a few hundred bytes, a window hundreds of frames).
         """
         cfg = self.cfg
         s = cfg.max_seq_len if seq_len is None else seq_len
-        matmul_params = sum(p.numel() for p in self.blocks.parameters() if p.dim() == 2)
+        matmul_params = sum(p.numel() for name, p in self.blocks.named_parameters()
+                            if p.dim() == 2 and ".cross_attn.kv." not in name)
         matmul_params += cfg.n_codebooks * cfg.n_outputs * cfg.d_model
         return 6 * matmul_params + 12 * cfg.n_layers * cfg.d_model * s
 
