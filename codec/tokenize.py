@@ -9,17 +9,11 @@ Pipeline (one process encodes, `workers` processes decode):
 2. Decode each file to the codec's rate and channels (codec/audio_folder.py). Short files are read
    whole by the worker pool; files longer than `STREAM_BLOCK_SECONDS` are streamed block by block
    in the main process (a background thread reads ahead), so memory never depends on a file's length.
-3. Cut every file into *pieces*: a file of T frames (`S` samples zero-padded to `T * hop`) is one
-   piece if T <= `chunk_frames`, else consecutive chunks of `chunk_frames` core frames, each
-   widened by the encoder's exact context (`Codec.frame_span`): L frames of past and R frames of
-   look-ahead. A frame is kept only from a piece in which its whole receptive field is real
-   signal (or the file's true edge, where the full-file encode sees zero padding too), so the
-   tokens are those of encoding the whole file at once, whatever the chunk size.
+3. Cut every file into *pieces* (codec/pieces.py): the whole file, or chunks of `chunk_seconds`
+   widened by the encoder's exact context, so that the tokens are those of encoding the whole
+   file at once, whatever the chunk size.
 4. Batch pieces (sorted by length inside a look-ahead buffer) into encoder calls of about
-   `batch_seconds` of audio, zero-padded on the right. Frames near a file's true end in a padded
-   batch would see the batch padding instead of the encoder's own edge padding: for a causal
-   codec (R = 0) no frame can, for a non-causal one the last R frames are re-encoded from an
-   unpadded tail piece of L + R frames.
+   `batch_seconds` of audio, zero-padded on the right (exact too: see codec/pieces.py).
 5. Hand each file's frames, in file order, to a `ShardWriter`, which seals shards atomically.
    A kill at any moment loses at most the unsealed shard; the rerun redoes exactly that, so the
    final folder equals an uninterrupted run's.
@@ -31,6 +25,8 @@ Metadata: an `audiofolder` metadata.jsonl / metadata.csv in AUDIO_DIR or a sub-f
 Rows that cannot be attached go to errors.jsonl (`"kind": "metadata"`); a metadata file that
 cannot be parsed stops the run before anything is written. A rerun brings the metadata of files
 already tokenized up to date without re-encoding them. Tokens never depend on metadata.
+
+Many processes and nodes: codec/distributed_tokenize.py runs `tokenize_files` on each rank's share.
 """
 
 from __future__ import annotations
@@ -40,7 +36,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -49,121 +45,34 @@ import torch.nn.utils.parametrize
 from codec.audio import AUDIO_SUFFIXES, AudioError
 from codec.audio_folder import OrderedDecoder, SourceFile, find_audio_files, stream_blocks
 from codec.model import Codec
+from codec.pieces import Piece, Plan, batches, encode_pieces
 from rvqlm_core.audio_metadata import read_folder_metadata
 from rvqlm_core.shard_writer import ShardWriter, write_errors
-from rvqlm_core.token_shards import DEFAULT_SHARD_FRAMES
-
-# ---------------------------------------------------------------------------------------------
-# pieces: what one encoder call sees of a file
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Piece:
-    """Frames [start, stop) of file `index`'s padded signal, of which [keep_lo, keep_hi) are kept.
-
-    wav: [C, (stop - start) * hop]. at_end: `stop` is the file's true last frame.
-    """
-
-    index: int
-    start: int
-    stop: int
-    keep_lo: int
-    keep_hi: int
-    wav: torch.Tensor
-    at_end: bool
-
-    @property
-    def frames(self) -> int:
-        return self.stop - self.start
+from rvqlm_core.token_shards import DEFAULT_SHARD_FRAMES, ShardEntry
 
 
-@dataclass
-class Plan:
-    """Frame geometry shared by all pieces."""
+@dataclass(frozen=True)
+class TokenizeSettings:
+    """How a run goes; none of these change the tokens (shard_frames only where they are stored)."""
 
-    hop: int
-    left: int  # L: frames of past context a frame needs
-    right: int  # R: frames of look-ahead a frame needs (0 for a causal encoder)
-    chunk_frames: int
+    workers: int = 1  # decoding processes (0: decode inline)
+    batch_seconds: float = 20.0  # audio per encoder call
+    chunk_seconds: float = 10.0  # longer files are encoded in chunks of this length
+    max_file_seconds: float | None = None  # longer files are listed as errors
+    shard_frames: int = DEFAULT_SHARD_FRAMES
+    progress: bool = True  # a progress bar
+    progress_desc: str = "tokenizing"
 
-    @classmethod
-    def for_codec(cls, codec: Codec, chunk_seconds: float) -> "Plan":
-        lo, hi = codec.frame_span
-        hop = codec.hop_length
-        chunk_frames = max(1, int(round(chunk_seconds * codec.frame_rate)))
-        return cls(hop=hop, left=math.ceil(-lo / hop), right=max(0, math.ceil((hi + 1) / hop) - 1),
-                   chunk_frames=chunk_frames)
+    def __post_init__(self):
+        if self.workers < 0:
+            raise ValueError(f"--workers must be >= 0, got {self.workers}")
+        if not self.batch_seconds > 0 or not self.chunk_seconds > 0:
+            raise ValueError("--batch-seconds and --chunk-seconds must be > 0")
+        if self.max_file_seconds is not None and not self.max_file_seconds > 0:
+            raise ValueError("--max-file-seconds must be > 0")
+        if self.shard_frames < 1:
+            raise ValueError(f"--shard-frames must be >= 1, got {self.shard_frames}")
 
-    def whole(self, index: int, wav: torch.Tensor) -> Iterator[Piece]:
-        """Pieces of a file held in memory: wav [C, S]."""
-        return self.stream(index, iter([wav]))
-
-    def stream(self, index: int, blocks: Iterator[torch.Tensor]) -> Iterator[Piece]:
-        """Pieces of a file given as consecutive sample blocks [C, s_i]; keeps O(chunk) samples.
-
-        The last yielded item is the file's length in samples (an int), once the stream ends.
-        """
-        buf: list[torch.Tensor] = []
-        buf_start = 0  # sample index of buf[0][:, 0]
-        buf_len = 0
-        core = 0  # first frame of the next core
-        hop, L, R, N = self.hop, self.left, self.right, self.chunk_frames
-        total = 0
-        for block in blocks:
-            buf.append(block)
-            buf_len += block.shape[1]
-            total += block.shape[1]
-            # Emit full chunks while the buffer reaches past their look-ahead (and a bit more, so
-            # the last chunk is never emitted before we know whether the file ends right there).
-            while (core + N + R) * hop < buf_start + buf_len:
-                lo, hi = max(0, core - L), core + N + R
-                wav = torch.cat(buf, dim=1)
-                yield Piece(index, lo, hi, core, core + N, wav[:, lo * hop - buf_start : hi * hop - buf_start], False)
-                core += N
-                keep_from = max(0, core - L) * hop
-                buf, buf_len = [wav[:, keep_from - buf_start :]], buf_start + buf_len - keep_from
-                buf_start = keep_from
-        if total == 0:
-            raise AudioError("<stream>", "no samples decoded")
-        n_frames = math.ceil(total / hop)
-        lo = max(0, core - L)
-        wav = torch.cat(buf, dim=1)[:, lo * hop - buf_start :]
-        wav = torch.nn.functional.pad(wav, (0, (n_frames - lo) * hop - wav.shape[1]))
-        yield Piece(index, lo, n_frames, core, n_frames, wav, True)
-        yield total
-
-    def tail(self, p: Piece) -> Piece:
-        """An unpadded piece that recomputes the last R frames of an end piece."""
-        lo = max(0, p.stop - self.left - self.right)
-        keep_lo = max(p.keep_lo, p.stop - self.right)
-        wav = p.wav[:, (lo - p.start) * self.hop :]
-        return Piece(p.index, lo, p.stop, keep_lo, p.stop, wav, True)
-
-
-def encode_pieces(codec: Codec, pieces: list[Piece], plan: Plan) -> list[tuple[Piece, np.ndarray]]:
-    """Encode pieces in one zero-padded batch -> [(piece, codes [keep_hi - keep_lo, N_c])].
-
-    End pieces shorter than the batch lose their last R frames here; the caller re-encodes those
-    with `plan.tail` pieces (grouped so that they need no padding).
-    """
-    longest = max(p.frames for p in pieces)
-    wav = torch.zeros(len(pieces), pieces[0].wav.shape[0], longest * plan.hop)
-    for i, p in enumerate(pieces):
-        wav[i, :, : p.wav.shape[1]] = p.wav
-    codes = codec.encode(wav).cpu()  # [B, N_c, longest]
-    out = []
-    for i, p in enumerate(pieces):
-        hi = p.keep_hi
-        if p.at_end and p.frames < longest:
-            hi = max(p.keep_lo, p.keep_hi - plan.right)
-        if hi > p.keep_lo:
-            out.append((p, codes[i, :, p.keep_lo - p.start : hi - p.start].T.numpy()))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# the run
-# ---------------------------------------------------------------------------------------------
 
 @dataclass
 class TokenizeSummary:
@@ -230,36 +139,53 @@ def tokenize_folder(
 
     Returns a summary; `summary.errors` lists the files that failed (also in errors.jsonl).
     """
-    if workers < 0:
-        raise ValueError(f"--workers must be >= 0, got {workers}")
-    if not batch_seconds > 0 or not chunk_seconds > 0:
-        raise ValueError("--batch-seconds and --chunk-seconds must be > 0")
-    if max_file_seconds is not None and not max_file_seconds > 0:
-        raise ValueError("--max-file-seconds must be > 0")
+    settings = TokenizeSettings(workers, batch_seconds, chunk_seconds, max_file_seconds, shard_frames, progress)
     t0 = time.perf_counter()
     out = Path(out_dir)
+    files = list_audio_files(audio_dir, out)
+    summary = TokenizeSummary(files_found=len(files))
+    metadata = read_metadata(audio_dir, files, out, summary)
+    tokenize_files(out, files, codec, metadata, summary, settings, on_progress=on_progress, t0=t0)
+    write_errors(out, summary.errors + summary.metadata_errors)
+    return summary
+
+
+def list_audio_files(audio_dir: str | os.PathLike, out: Path) -> list[SourceFile]:
+    """The audio files under audio_dir (sorted, `out` left out); FileNotFoundError when there are none."""
     files = find_audio_files(audio_dir, exclude=out)
     if not files:
         raise FileNotFoundError(f"no audio files ({', '.join(AUDIO_SUFFIXES)}) under {audio_dir}")
-    summary = TokenizeSummary(files_found=len(files))
-    metadata = _read_metadata(audio_dir, files, out, summary)
-    writer = ShardWriter(out, codec_meta(codec), shard_frames=shard_frames)
-    summary.metadata_updated = len(writer.update_metadata(metadata))
-    todo = []
-    for f in files:
-        done = writer.done.get(f.rel)
-        if done is None:
-            todo.append(f)
-        elif (done.size, done.mtime_ns) != (f.size, f.mtime_ns):
-            summary.errors.append({"path": f.rel, "reason": "changed since it was tokenized (size or mtime differ "
-                                   "from the manifest); its old tokens are kept - tokenize into a new folder to "
-                                   "refresh them"})
-        else:
-            summary.files_skipped += 1
+    return files
+
+
+def read_metadata(audio_dir, files: list[SourceFile], out: Path, summary: TokenizeSummary) -> dict[str, dict]:
+    """Every found file's metadata ({} without a row), from the folder's audiofolder metadata files;
+    the summary's metadata fields are filled in."""
+    found = read_folder_metadata(audio_dir, [f.rel for f in files], exclude=out)
+    summary.metadata_files, summary.metadata_errors = found.files, found.errors
+    summary.files_with_metadata = sum(1 for columns in found.by_path.values() if columns)
+    return {f.rel: found.by_path.get(f.rel, {}) for f in files}
+
+
+def tokenize_files(out: Path, files: list[SourceFile], codec: Codec, metadata: Mapping[str, dict],
+                   summary: TokenizeSummary, settings: TokenizeSettings, *,
+                   done_elsewhere: Mapping[str, ShardEntry] | None = None,
+                   on_progress: Callable[[TokenizeSummary], None] | None = None, t0: float | None = None) -> None:
+    """Tokenize `files` into the token folder `out`, creating or resuming it, and count in `summary`.
+
+    Files that `out` (or `done_elsewhere`: path -> entry, e.g. another part of a distributed
+    folder) already holds with the same size and mtime are skipped; changed ones are reported in
+    `summary.errors`, as are files that fail. Committed files' metadata is brought up to date.
+    errors.jsonl is the caller's to write.
+    """
+    t0 = time.perf_counter() if t0 is None else t0
+    writer = ShardWriter(out, codec_meta(codec), shard_frames=settings.shard_frames)
+    summary.metadata_updated += len(writer.update_metadata({f.rel: metadata[f.rel] for f in files}))
+    todo = _todo(files, {**(done_elsewhere or {}), **writer.done}, summary)
     codec.eval()
-    plan = Plan.for_codec(codec, chunk_seconds)
-    run = _Run(codec, plan, writer, todo, metadata, summary, batch_seconds, progress, on_progress, t0)
-    decoder = OrderedDecoder(workers, codec.sample_rate, codec.channels, max_file_seconds)
+    plan = Plan.for_codec(codec, settings.chunk_seconds)
+    run = _Run(codec, plan, writer, todo, metadata, summary, settings, on_progress, t0)
+    decoder = OrderedDecoder(settings.workers, codec.sample_rate, codec.channels, settings.max_file_seconds)
     try:
         # Weight-normed convs recompute their weights on every call unless cached: ~30% of a call.
         with torch.nn.utils.parametrize.cached():
@@ -271,23 +197,29 @@ def tokenize_folder(
         writer.discard()
     summary.files_failed = len(summary.errors)
     summary.wall_seconds = time.perf_counter() - t0
-    write_errors(out, summary.errors + summary.metadata_errors)
-    return summary
 
 
-def _read_metadata(audio_dir, files: list[SourceFile], out: Path, summary: TokenizeSummary) -> dict[str, dict]:
-    """Every found file's metadata ({} without a row), from the folder's audiofolder metadata files."""
-    found = read_folder_metadata(audio_dir, [f.rel for f in files], exclude=out)
-    summary.metadata_files, summary.metadata_errors = found.files, found.errors
-    summary.files_with_metadata = sum(1 for columns in found.by_path.values() if columns)
-    return {f.rel: found.by_path.get(f.rel, {}) for f in files}
+def _todo(files: list[SourceFile], done: Mapping[str, ShardEntry], summary: TokenizeSummary) -> list[SourceFile]:
+    """The files not yet tokenized; done ones are counted as skipped, changed ones as errors."""
+    todo = []
+    for f in files:
+        entry = done.get(f.rel)
+        if entry is None:
+            todo.append(f)
+        elif (entry.size, entry.mtime_ns) != (f.size, f.mtime_ns):
+            summary.errors.append({"path": f.rel, "reason": "changed since it was tokenized (size or mtime differ "
+                                   "from the manifest); its old tokens are kept - tokenize into a new folder to "
+                                   "refresh them"})
+        else:
+            summary.files_skipped += 1
+    return todo
 
 
 class _Run:
     """The state of one tokenize run: decoded pieces -> batches -> codes -> files in order."""
 
     def __init__(self, codec: Codec, plan: Plan, writer: ShardWriter, todo: list[SourceFile],
-                 metadata: dict[str, dict], summary: TokenizeSummary, batch_seconds: float, progress: bool,
+                 metadata: Mapping[str, dict], summary: TokenizeSummary, settings: TokenizeSettings,
                  on_progress, t0: float):
         self.codec, self.plan, self.writer, self.summary = codec, plan, writer, summary
         self.metadata = metadata
@@ -295,15 +227,15 @@ class _Run:
         self.head = 0  # index of the next file to hand to the writer
         self.buffer: list[Piece] = []
         self.buffered_frames = 0
-        self.batch_frames = max(1, int(batch_seconds * codec.frame_rate))
+        self.batch_frames = max(1, int(settings.batch_seconds * codec.frame_rate))
         self.lookahead_frames = 8 * self.batch_frames
         self.on_progress = on_progress
         self.t0 = t0
         self.bar = None
-        if progress:
+        if settings.progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=len(todo), unit="file", desc="tokenizing", dynamic_ncols=True)
+            self.bar = tqdm(total=len(todo), unit="file", desc=settings.progress_desc, dynamic_ncols=True)
 
     def tokenize_all(self, decoder: OrderedDecoder) -> None:
         """Decode every file, encode its pieces in batches and write the files' tokens in order."""
@@ -344,7 +276,7 @@ class _Run:
         pieces = sorted((p for p in self.buffer if self.files[p.index].failed is None), key=lambda p: -p.frames)
         self.buffer, self.buffered_frames = [], 0
         tails: dict[int, list[Piece]] = {}
-        for batch in _batches(pieces, self.batch_frames):
+        for batch in batches(pieces, self.batch_frames):
             longest = batch[0].frames
             for p, codes in encode_pieces(self.codec, batch, self.plan):
                 self.files[p.index].parts[p.keep_lo] = codes
@@ -353,7 +285,7 @@ class _Run:
                     t = self.plan.tail(p)
                     tails.setdefault(t.frames, []).append(t)
         for same_length in tails.values():  # equal lengths: no padding, so every frame is exact
-            for batch in _batches(same_length, self.batch_frames):
+            for batch in batches(same_length, self.batch_frames):
                 for p, codes in encode_pieces(self.codec, batch, self.plan):
                     self.files[p.index].parts[p.keep_lo] = codes
 
@@ -400,15 +332,3 @@ class _Run:
     def close_bar(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-def _batches(pieces: list[Piece], batch_frames: int) -> Iterator[list[Piece]]:
-    """Cut pieces sorted by decreasing length into batches whose padded size <= batch_frames."""
-    batch: list[Piece] = []
-    for p in pieces:
-        if batch and (len(batch) + 1) * batch[0].frames > batch_frames:
-            yield batch
-            batch = []
-        batch.append(p)
-    if batch:
-        yield batch
