@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from lm.config import LMConfig
 from lm.data import TokenDataModule, TokenFiles, ValidWindows
 from lm.model import MultiCodebookLM
+from lm.warm_start import warm_start
 from rvqlm_core.atomic import atomic_path
 from rvqlm_core.rng_state import ResumesRngState
 
@@ -140,7 +141,9 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         measure_peak: time an fp32 matmul at fit start for MFU (off: MFU is not logged).
         export: write `<default_root_dir>/pretrained/` after fit.
         init_from: a `save_pretrained` folder to start from (fine-tuning). Its architecture must
-            equal `config`'s (dropout may differ) and it must come from the same codec's tokens.
+            equal `config`'s (dropout may differ), or be `config`'s without `condition` (a conditioned
+            LM started from an unconditioned decoder: lm.warm_start), and it must come from the same
+            codec's tokens.
         speakers: the speaker table of a conditioned LM whose config lists none (linked from the data).
     """
 
@@ -170,14 +173,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         self._val_count: Tensor | None = None
 
     def _load_initial_weights(self, folder: str) -> None:
-        start = MultiCodebookLM.from_pretrained(folder)
-        mine = dataclasses.replace(self.lm_config, dropout=0.0).to_dict()
-        theirs = dataclasses.replace(start.cfg, dropout=0.0).to_dict()
-        differ = sorted(k for k in mine if mine[k] != theirs.get(k))
-        if differ:
-            raise ValueError(f"init_from {folder}: its LM differs from this recipe's in "
-                             + ", ".join(f"{k} ({theirs.get(k)!r} vs {mine[k]!r})" for k in differ))
-        self.model.load_state_dict(start.state_dict())
+        warm_start(self.model, MultiCodebookLM.from_pretrained(folder), folder)
 
     # -- training ---------------------------------------------------------------------------------
     def on_fit_start(self) -> None:
