@@ -1,4 +1,5 @@
-"""`rvqlm corpus prepare`: decode and split the built-in speech corpus."""
+"""`rvqlm corpus prepare`: decode and split the built-in speech corpus; `rvqlm corpus text-tokens`: its
+transcripts as an N_c = 1 byte token folder (rvqlm/text_tokens.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     prep.add_argument("--sample-rate", type=int, default=16000)
     prep.add_argument("--max-files-per-split", type=int, default=None, help="a quick subset")
     prep.set_defaults(func=run_prepare)
+    text = csub.add_parser("text-tokens", help="write a corpus's transcripts (its metadata's text) as an N_c = 1 "
+                                               "token folder of UTF-8 bytes, for an LM trained on text alone "
+                                               "(recipes/lm_text_bytes.yaml)")
+    text.add_argument("--corpus", default=None, help="audio folder with metadata.jsonl/.csv (default data/fillets-cs-16k)")
+    text.add_argument("--out", default=None, help="new output folder (default data/tokens/<corpus name>-text-bytes)")
+    text.add_argument("--field", default="text", help="the metadata column holding the text (default text)")
+    text.set_defaults(func=run_text_tokens)
 
 
 def run_prepare(args: argparse.Namespace) -> int:
@@ -34,4 +42,22 @@ def run_prepare(args: argparse.Namespace) -> int:
                              max_files_per_split=args.max_files_per_split, log=print)
     meta = json.loads((out / "corpus.json").read_text())
     print(f"corpus ready in {out}: minutes per split {meta['minutes']}, {len(meta['skipped'])} files skipped")
+    return 0
+
+
+def run_text_tokens(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rvqlm.corpus import DEFAULT_CORPUS_DIR
+    from rvqlm.text_tokens import write_text_tokens
+
+    corpus = Path(args.corpus or DEFAULT_CORPUS_DIR)
+    out = Path(args.out or Path("data") / "tokens" / f"{corpus.name}-text-bytes")
+    done = write_text_tokens(corpus, out, args.field)
+    kinds = {}
+    for row in done.errors:
+        kinds[row.get("kind", "error")] = kinds.get(row.get("kind", "error"), 0) + 1
+    listed = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "none"
+    print(f"text tokens in {out}: {done.written} of {done.files} files, {done.bytes} bytes; "
+          f"left out (listed in {out}/errors.jsonl): {listed}")
     return 0
