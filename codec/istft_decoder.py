@@ -106,6 +106,11 @@ class ISTFTDecoder(nn.Module):
         x = rearrange(self.norm_in(rearrange(x, "b d t -> b t d")), "b t d -> b d t")
         for block in self.blocks:
             x = block(x)
+        return self.head_spectrum(x)
+
+    def head_spectrum(self, x: torch.Tensor) -> torch.Tensor:
+        """The last ConvNeXt block's output x [B, dim, T] -> complex spectra [B * channels, bins, T * r].
+        Frame by frame (no context across frames)."""
         out = self.head(self.norm_out(rearrange(x, "b d t -> b t d")))  # [B, T, C * r * 2 * bins]
         out = rearrange(out, "b t (c r k f) -> k (b c) f (t r)", c=self.channels, r=self.per_frame,
                         k=self.outputs_per_bin)

@@ -2,6 +2,7 @@
 
     codes = codec.encode(wav)    # wav [B, C, S] at codec.sample_rate -> LongTensor [B, N_c, ceil(S / hop)]
     wav = codec.decode(codes)    # codes [B, k, T], 1 <= k <= N_c   -> [B, C, T * hop]
+    codec.streaming_encoder(), codec.streaming_decoder()  # the same, chunk by chunk (codec/streaming.py)
 
 A saved codec is a folder (`rvqlm_core.persistence`): `config.json` (the `CodecConfig` fields),
 `model.safetensors` (every parameter and buffer, quantizer EMA statistics included; the decoder's
@@ -186,6 +187,18 @@ class Codec(nn.Module):
         latent = self.quantizer.decode(codes.to(self.device))
         with parametrize.cached():
             return self.decoder(latent)
+
+    def streaming_encoder(self, n_q: int | None = None):
+        """A `codec.streaming.StreamingEncoder`: audio chunk by chunk -> codes of each completed frame."""
+        from codec.streaming import StreamingEncoder
+
+        return StreamingEncoder(self, n_q=n_q)
+
+    def streaming_decoder(self):
+        """A `codec.streaming.StreamingDecoder`: codes frame by frame -> audio as soon as it is final."""
+        from codec.streaming import StreamingDecoder
+
+        return StreamingDecoder(self)
 
     def _check_wav(self, wav: torch.Tensor) -> None:
         if not isinstance(wav, torch.Tensor):

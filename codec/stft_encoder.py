@@ -67,21 +67,31 @@ class STFTEncoder(nn.Module):
 
     def spectra(self, wav: torch.Tensor) -> torch.Tensor:
         """wav [B, C, S] (S a multiple of hop_length) -> compressed (re, im) [B, C, 2, n_fft/2+1, S / stft_hop]."""
-        b = wav.shape[0]
         x = F.pad(rearrange(wav, "b c s -> (b c) 1 s"), self.stft_pad)
-        spec = F.conv1d(x, self.basis, stride=self.stft_hop)  # [(B C), 2 * bins, S / stft_hop]
-        spec = rearrange(spec, "(b c) (two f) n -> b c two f n", b=b, two=2)
+        return self.compress(F.conv1d(x, self.basis, stride=self.stft_hop), wav.shape[0])
+
+    def compress(self, spec: torch.Tensor, batch: int) -> torch.Tensor:
+        """Raw spectra [(B C), 2 * bins, n] (the DFT convolution's output) -> compressed (re, im)
+        [B, C, 2, bins, n], spectrum by spectrum."""
+        spec = rearrange(spec, "(b c) (two f) n -> b c two f n", b=batch, two=2)
         magnitude = torch.sqrt(spec.square().sum(dim=2, keepdim=True) + 1e-12)
         return spec * magnitude ** (self.compression - 1)
 
     def forward(self, wav: torch.Tensor) -> torch.Tensor:
         if wav.shape[-1] % self.hop_length:
             raise ValueError(f"length {wav.shape[-1]} is not a multiple of hop_length {self.hop_length}")
-        spec = self.spectra(wav)
-        x = rearrange(spec, "b c two f (t r) -> b t (c r two f)", r=self.per_frame)
-        x = rearrange(self.norm_in(self.embed(x)), "b t d -> b d t")
+        x = self.embed_spectra(self.spectra(wav))
         for block in self.blocks:
             x = block(x)
+        return self.project_frames(x)
+
+    def embed_spectra(self, spec: torch.Tensor) -> torch.Tensor:
+        """Compressed spectra [B, C, 2, bins, T * r] -> the first block's input [B, dim, T], frame by frame."""
+        x = rearrange(spec, "b c two f (t r) -> b t (c r two f)", r=self.per_frame)
+        return rearrange(self.norm_in(self.embed(x)), "b t d -> b d t")
+
+    def project_frames(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's output [B, dim, T] -> latents [B, latent_dim, T], frame by frame."""
         return rearrange(self.project(self.norm_out(rearrange(x, "b d t -> b t d"))), "b t d -> b d t")
 
     def frame_span(self) -> tuple[int, int]:

@@ -1,0 +1,235 @@
+"""The codec live: an encoder that takes audio chunk by chunk, a decoder that takes codes frame by frame.
+
+    enc = codec.streaming_encoder()        # or StreamingEncoder(codec, n_q=k)
+    codes = enc.push(chunk)                # chunk [B, C, n], any n >= 0 -> LongTensor [B, n_q, frames completed]
+    codes = enc.flush()                    # end of stream: a partial last frame, zero-padded -> [B, n_q, 0 or 1]
+    dec = codec.streaming_decoder()
+    audio = dec.push(codes)                # codes [B, k, t], any t >= 0 -> [B, C, samples now final]
+    audio = dec.flush()                    # end of stream: the rest -> [B, C, ...]
+    dec.latency_samples                    # hop_length + dec.lookahead_samples
+
+The codes of all pushes and the flush are `Codec.encode` of the whole signal, bit for bit; the
+audio of all pushes and the flush is `Codec.decode` of all the codes (within float rounding), for
+any chunking. Every convolution carries its own left context (`codec.streaming_layers`), so a
+chunk costs what its own frames cost; nothing is recomputed.
+
+Exactness: a chunk is computed with the kernels a long signal's offline pass uses (oneDNN
+convolutions, many-row matmuls, SIMD loops; `codec.streaming_layers`), so on the CPU the latents
+are `Codec.encode`'s bit for bit wherever that pass takes them too: at batch > 1, or at batch 1 once
+every convolution's input holds over 20480 values (3.1 s for the shipped codec), except the last
+few frames (where the offline pass computes elementwise functions in scalar code). Elsewhere they
+agree to ~1e-7, and the codes, nearest codebook vectors, still agree unless two lie within that of
+a tie (none in the tests). On the GPU no kernel is pinned.
+
+Latency: a frame's codes exist once its last sample has arrived (the causal encoder has no
+look-ahead). The SEANet decoder's output for a frame is final at once; the iSTFT decoder's
+overlap-add needs the next n_fft / 2 samples' spectra as well, so its audio lags the codes by
+n_fft / 2 samples (`lookahead_samples`). An input sample thus comes back at most
+hop_length + lookahead_samples samples later (`latency_samples`), plus compute time.
+
+Only causal codecs (config `causal: true`) stream; a step object snapshots the codec's weights
+when it is built.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from codec.istft_decoder import ISTFTDecoder
+from codec.stft_encoder import STFTEncoder
+from codec.streaming_layers import (MIN_ROWS, Chain, ConvNeXtStep, ConvStep, Hold, Step, padding_frames, per_frame,
+                                    seanet_steps)
+
+
+def _check_causal(codec) -> None:
+    if not codec.causal:
+        raise ValueError("streaming needs a causal codec (config \"causal\": true); this one pads on both sides, "
+                         "so its frames look ahead")
+
+
+def _batch_check(batch: int | None, x: torch.Tensor, what: str) -> int:
+    if batch is not None and x.shape[0] != batch:
+        raise ValueError(f"this stream carries {batch} signals; got a {what} chunk of batch {x.shape[0]}")
+    return x.shape[0]
+
+
+class STFTEncoderStep(Step):
+    """The STFT encoder over chunks: wav [B, C, n] -> latents [B, latent_dim, frames completed]."""
+
+    def __init__(self, encoder: STFTEncoder):
+        if encoder.stft_pad[1]:
+            raise ValueError("streaming needs a causal STFT encoder (windows end at their last sample)")
+        self.encoder = encoder
+        self.dft = ConvStep(encoder.basis, None, stride=encoder.stft_hop, pad_left=encoder.stft_pad[0])
+        self.hold = Hold(encoder.per_frame)
+        self.blocks = Chain([ConvNeXtStep(b) for b in encoder.blocks])
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        e, b, r = self.encoder, x.shape[0], self.encoder.per_frame
+        spec = self.hold.step(self.dft.step(x.reshape(b * x.shape[1], 1, x.shape[-1])))  # [(B C), 2 bins, r m]
+        m = spec.shape[-1] // r
+        extra = padding_frames(b, m, r)  # zero frames through the frame-by-frame parts (see streaming_layers)
+        h = e.embed_spectra(e.compress(F.pad(spec, (0, r * extra)), b))[..., :m]
+        return e.project_frames(F.pad(self.blocks.step(h), (0, extra)))[..., :m]
+
+
+class OverlapAdd:
+    """`torch.istft(center=True)` over chunks of spectra: windowed inverse FFTs summed into a
+    pending tail, divided by the summed squared window once no later spectrum can reach them.
+
+    Spectrum j covers samples j * hop - n_fft/2 ... j * hop + n_fft/2 - 1 of the output, so after
+    spectra 0..J the samples before (J + 1) * hop - n_fft/2 are final.
+    """
+
+    def __init__(self, window: torch.Tensor, hop: int):
+        self.window, self.hop, self.n_fft = window, hop, window.shape[0]
+        self.trim = self.n_fft // 2
+        self.spectra = 0  # pushed so far
+        self.start = 0  # full-OLA position of the tail's first sample
+        self.tail: torch.Tensor | None = None  # [N, pending] sums
+        self.envelope = window.new_zeros(0)  # [pending] summed squared windows
+
+    def _fold(self, frames: torch.Tensor) -> torch.Tensor:
+        """[N, n_fft, m] -> [N, (m - 1) * hop + n_fft], overlap-added."""
+        m = frames.shape[-1]
+        out = F.fold(frames, (1, (m - 1) * self.hop + self.n_fft), (1, self.n_fft), stride=(1, self.hop))
+        return out[:, 0, 0]
+
+    def push(self, spec: torch.Tensor) -> torch.Tensor:
+        """Complex spectra [N, n_fft/2 + 1, m] -> the samples they make final, [N, s]."""
+        if spec.shape[-1]:
+            frames = torch.fft.irfft(spec, n=self.n_fft, dim=-2) * self.window[:, None]
+            ola = self._fold(frames)
+            env = self._fold(self.window.square()[None, :, None].expand(1, -1, spec.shape[-1]))[0]
+            if self.tail is not None:
+                ola[:, : self.tail.shape[-1]] += self.tail
+                env[: self.envelope.shape[0]] += self.envelope
+            self.tail, self.envelope = ola, env
+            self.spectra += spec.shape[-1]
+        return self._emit(self.spectra * self.hop, spec.shape[0])
+
+    def flush(self, n: int) -> torch.Tensor:
+        """The last samples, up to `torch.istft`'s length (spectra x hop): [N, s]."""
+        return self._emit(self.spectra * self.hop + self.trim, n)
+
+    def _emit(self, end: int, n: int) -> torch.Tensor:
+        if self.tail is None or end <= self.start:
+            return self.window.new_zeros(n, 0)
+        k = end - self.start
+        skip = max(self.trim - self.start, 0)  # center=True drops the first n_fft / 2 samples
+        out, env = self.tail[:, skip:k], self.envelope[skip:k]
+        self.tail, self.envelope, self.start = self.tail[:, k:], self.envelope[k:], end
+        if env.numel() and float(env.abs().min()) < 1e-11:
+            raise ValueError("window overlap-add has a zero (the iSTFT's NOLA condition fails)")
+        return out / env
+
+
+class StreamingEncoder:
+    """Audio chunks -> the codes of every frame they complete. See the module docstring.
+
+    n_q: codebooks per frame (default all). `samples` counts the samples pushed, `frames` the
+    frames returned; after `flush` the stream is closed.
+    """
+
+    def __init__(self, codec, n_q: int | None = None):
+        _check_causal(codec)
+        self.codec, self.n_q = codec, codec.quantizer._check_n_q(n_q)
+        with torch.no_grad():
+            encoder = codec.encoder
+            self.chain = STFTEncoderStep(encoder) if isinstance(encoder, STFTEncoder) else seanet_steps(encoder.layers)
+        self.batch: int | None = None
+        self.samples = self.frames = 0
+        self.closed = False
+
+    @torch.inference_mode()
+    def push(self, wav: torch.Tensor) -> torch.Tensor:
+        """wav [B, C, n] float (n >= 0; B fixed by the first chunk) -> LongTensor [B, n_q, frames completed]."""
+        if self.closed:
+            raise ValueError("this stream was flushed; start a new StreamingEncoder")
+        if not isinstance(wav, torch.Tensor) or wav.dim() != 3 or wav.shape[1] != self.codec.channels:
+            shape = tuple(wav.shape) if isinstance(wav, torch.Tensor) else type(wav).__name__
+            raise ValueError(f"expected a chunk shaped [B, {self.codec.channels}, n], got {shape}")
+        if not wav.is_floating_point() or not torch.isfinite(wav).all():
+            raise ValueError(f"expected finite float samples, got a chunk of dtype {wav.dtype} with NaN/inf or ints")
+        self.batch = _batch_check(self.batch, wav, "audio")
+        self.samples += wav.shape[-1]
+        latent = self.chain.step(wav.to(self.codec.device, torch.float32))
+        self.frames += latent.shape[-1]
+        if latent.shape[-1] == 0:
+            return torch.zeros(wav.shape[0], self.n_q, 0, dtype=torch.long, device=latent.device)
+        return self.codec.quantizer.encode(latent, n_q=self.n_q)
+
+    def flush(self) -> torch.Tensor:
+        """Ends the stream: zero-pads a partial last frame as `Codec.encode` does -> [B, n_q, 0 or 1]."""
+        if self.batch is None:
+            raise ValueError("flush before any audio: the stream is empty")
+        extra = (-self.samples) % self.codec.hop_length
+        device = self.codec.device
+        codes = self.push(torch.zeros(self.batch, self.codec.channels, extra, device=device))
+        self.closed = True
+        return codes
+
+
+class StreamingDecoder:
+    """Codes frame by frame -> audio as soon as it is final. See the module docstring.
+
+    lookahead_samples: how far behind the codes the audio is (0 for SEANet, n_fft / 2 for iSTFT);
+    latency_samples = hop_length + lookahead_samples: from a sample entering a streaming encoder
+    to its reconstruction leaving this decoder, compute time aside.
+    """
+
+    def __init__(self, codec):
+        _check_causal(codec)
+        self.codec = codec
+        decoder = codec.decoder
+        with torch.no_grad():
+            if isinstance(decoder, ISTFTDecoder):
+                self.chain = Chain([ConvStep(decoder.embed.weight, decoder.embed.bias, pad_left=decoder.embed_pad[0]),
+                                    per_frame(decoder.norm_in), *(ConvNeXtStep(b) for b in decoder.blocks)])
+                self.overlap_add: OverlapAdd | None = OverlapAdd(decoder.window, decoder.istft_hop)
+                self.lookahead_samples = decoder.n_fft // 2
+            else:
+                self.chain, self.overlap_add, self.lookahead_samples = seanet_steps(decoder.layers), None, 0
+        self.latency_samples = codec.hop_length + self.lookahead_samples
+        self.batch: int | None = None
+        self.frames = 0
+        self.closed = False
+
+    @property
+    def latency_ms(self) -> float:
+        return 1000.0 * self.latency_samples / self.codec.sample_rate
+
+    @torch.inference_mode()
+    def push(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, k, t] (t >= 0, 1 <= k <= N_c) -> wav [B, C, samples made final]."""
+        if self.closed:
+            raise ValueError("this stream was flushed; start a new StreamingDecoder")
+        if not isinstance(codes, torch.Tensor) or codes.dim() != 3:
+            shape = tuple(codes.shape) if isinstance(codes, torch.Tensor) else type(codes).__name__
+            raise ValueError(f"expected codes shaped [B, k, t], got {shape}")
+        self.batch = b = _batch_check(self.batch, codes, "code")
+        self.frames += codes.shape[-1]
+        if codes.shape[-1] == 0:
+            return torch.zeros(b, self.codec.channels, 0, device=self.codec.device)
+        x = self.chain.step(self.codec.quantizer.decode(codes.to(self.codec.device)))
+        if self.overlap_add is None:
+            return x
+        return self.overlap_add.push(self._spectrum(x)).reshape(b, self.codec.channels, -1)
+
+    def _spectrum(self, x: torch.Tensor) -> torch.Tensor:
+        """The iSTFT head on x [B, dim, n] with zero frames appended (rounding as a long signal's)."""
+        decoder, n = self.codec.decoder, x.shape[-1]
+        extra = max(-(-MIN_ROWS // x.shape[0]) - n, 1)
+        return decoder.head_spectrum(F.pad(x, (0, extra)))[..., : n * decoder.per_frame]
+
+    @torch.inference_mode()
+    def flush(self) -> torch.Tensor:
+        """Ends the stream: the samples still waiting for look-ahead -> [B, C, lookahead_samples] (empty
+        for SEANet). With the pushes' output: exactly frames x hop_length samples, as `Codec.decode`."""
+        if self.batch is None:
+            raise ValueError("flush before any codes: the stream is empty")
+        self.closed = True
+        if self.overlap_add is None:
+            return torch.zeros(self.batch, self.codec.channels, 0, device=self.codec.device)
+        return self.overlap_add.flush(self.batch * self.codec.channels).reshape(self.batch, self.codec.channels, -1)
