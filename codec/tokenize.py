@@ -140,6 +140,12 @@ def tokenize_folder(
     Returns a summary; `summary.errors` lists the files that failed (also in errors.jsonl).
     """
     settings = TokenizeSettings(workers, batch_seconds, chunk_seconds, max_file_seconds, shard_frames, progress)
+    return tokenize_plain(audio_dir, out_dir, codec, settings, on_progress)
+
+
+def tokenize_plain(audio_dir: str | os.PathLike, out_dir: str | os.PathLike, codec: Codec, settings: TokenizeSettings,
+                   on_progress: Callable[[TokenizeSummary], None] | None = None) -> TokenizeSummary:
+    """`tokenize_folder` with its settings in one object."""
     t0 = time.perf_counter()
     out = Path(out_dir)
     files = list_audio_files(audio_dir, out)

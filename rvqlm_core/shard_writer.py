@@ -13,10 +13,10 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from rvqlm_core.atomic import atomic_path, atomic_write_json, atomic_write_text
-from rvqlm_core.token_shards import (CODEC_JSON, COPY_BLOCK, DEFAULT_SHARD_FRAMES, ERRORS, INDEX, MANIFEST, SHARD_DIR,
-                                     SHARD_FILE, ShardEntry, TokenShardError, TokenShards, committed_state, entry_line,
-                                     file_sha256, json_line, lines_sha256, make_codec_meta, placement_line,
-                                     read_codec_json, shard_name)
+from rvqlm_core.token_shards import (CODEC_JSON, COPY_BLOCK, DEFAULT_SHARD_FRAMES, ERRORS, INDEX, MANIFEST, PARTS_DIR,
+                                     SHARD_DIR, SHARD_FILE, ShardEntry, TokenShardError, TokenShards, committed_state,
+                                     entry_line, file_sha256, json_line, lines_sha256, make_codec_meta,
+                                     placement_line, read_codec_json, shard_name)
 
 
 class ShardWriter:
@@ -53,22 +53,11 @@ class ShardWriter:
         self._current: dict | None = None
 
     def _claim_folder(self) -> None:
-        if self.root.exists() and not self.root.is_dir():
-            raise TokenShardError(f"{self.root} exists and is not a folder")
-        if (self.root / CODEC_JSON).exists():
-            old = read_codec_json(self.root)
-            if old["fingerprint"] != self.meta["fingerprint"] or old["n_codebooks"] != self.n_codebooks \
-                    or old["codebook_size"] != self.meta["codebook_size"]:
-                raise TokenShardError(
-                    f"{self.root} already holds tokens from another codec (fingerprint {old['fingerprint'][:16]}, "
-                    f"N_c={old['n_codebooks']}, |V|={old['codebook_size']}); this codec is "
-                    f"{self.meta['fingerprint'][:16]} (N_c={self.n_codebooks}, |V|={self.meta['codebook_size']}). "
-                    "Tokens of two codecs must never mix: use a new output folder.")
-            return
-        if self.root.is_dir() and any(self.root.iterdir()):
-            raise TokenShardError(f"{self.root} is not empty and is not a token folder; choose a new output folder")
-        (self.root / SHARD_DIR).mkdir(parents=True, exist_ok=True)
-        atomic_write_json(self.root / CODEC_JSON, self.meta)
+        if (self.root / PARTS_DIR).is_dir():
+            raise TokenShardError(f"{self.root} was tokenized by several processes (it has a {PARTS_DIR}/ folder): "
+                                  "continue it with `rvqlm tokenize` (under torchrun or not), which merges the parts")
+        if check_token_folder(self.root, self.meta):
+            atomic_write_json(self.root / CODEC_JSON, self.meta)  # first: a kill leaves nothing or a token folder
 
     def _clean_leftovers(self) -> None:
         shard_dir = self.root / SHARD_DIR
@@ -82,7 +71,7 @@ class ShardWriter:
             if (self.root / INDEX).read_text(encoding="utf-8") != committed:
                 atomic_write_text(self.root / INDEX, committed)
         for p in self.root.iterdir():
-            if p.name.startswith(".") and ".tmp-" in p.name:
+            if _temporary(p):
                 p.unlink()
 
     # -- per file ----------------------------------------------------------------------------
@@ -211,6 +200,31 @@ class ShardWriter:
             self._pending_file.close()
             self._pending_file = None
             self._pending_path().unlink(missing_ok=True)
+
+
+def check_token_folder(root: Path, meta: Mapping[str, Any]) -> bool:
+    """Whether `root` is new (missing or empty: True) or a token folder of the codec `meta` describes
+    (False); TokenShardError for anything else: a file, a folder of other things, another codec."""
+    if root.exists() and not root.is_dir():
+        raise TokenShardError(f"{root} exists and is not a folder")
+    if (root / CODEC_JSON).exists():
+        old = read_codec_json(root)
+        if old["fingerprint"] != meta["fingerprint"] or old["n_codebooks"] != meta["n_codebooks"] \
+                or old["codebook_size"] != meta["codebook_size"]:
+            raise TokenShardError(
+                f"{root} already holds tokens from another codec (fingerprint {old['fingerprint'][:16]}, "
+                f"N_c={old['n_codebooks']}, |V|={old['codebook_size']}); this codec is "
+                f"{meta['fingerprint'][:16]} (N_c={meta['n_codebooks']}, |V|={meta['codebook_size']}). "
+                "Tokens of two codecs must never mix: use a new output folder.")
+        return False
+    if root.is_dir() and any(not _temporary(p) for p in root.iterdir()):
+        raise TokenShardError(f"{root} is not empty and is not a token folder; choose a new output folder")
+    return True
+
+
+def _temporary(p: Path) -> bool:
+    """A temporary of an atomic write (rvqlm_core/atomic.py) that a kill left behind."""
+    return p.name.startswith(".") and ".tmp-" in p.name
 
 
 def write_errors(out_dir: str | os.PathLike, errors: Iterable[Mapping[str, Any]]) -> None:

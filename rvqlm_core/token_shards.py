@@ -43,6 +43,7 @@ import numpy as np
 FORMAT = "rvqlm-token-shards"
 VERSION = 1
 CODEC_JSON, MANIFEST, INDEX, ERRORS, SHARD_DIR = "codec.json", "manifest.jsonl", "shards.jsonl", "errors.jsonl", "shards"
+PARTS_DIR = "parts"  # written by several processes: one part folder per rank (rvqlm_core/token_parts.py)
 DEFAULT_SHARD_FRAMES = 1 << 20  # ~5.8 h of 50 Hz tokens per shard (16 MiB at N_c=8, uint16)
 SHARD_FILE = re.compile(r"^shard-\d{5}\.npy$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

@@ -209,7 +209,8 @@ def test_walker_sorts_recursively_and_skips_the_output_folder(tmp_path, audio_di
 
 def _tokenize_cmd(audio_dir, out, codec_dir, workers):
     return [sys.executable, "-m", "rvqlm", "tokenize", str(audio_dir), str(out), "--codec", str(codec_dir),
-            "--workers", str(workers), "--shard-frames", "300", "--batch-seconds", "4", "--threads", "1", "--no-progress"]
+            "--workers", str(workers), "--shard-frames", "300", "--batch-seconds", "4", "--threads", "1",
+            "--device", "cpu", "--no-progress"]
 
 
 def _run_until(cmd, condition, timeout=120) -> bool:

@@ -1,4 +1,5 @@
-"""`rvqlm tokenize AUDIO_DIR OUT_DIR --codec CODEC_DIR`: a folder of audio -> token shards."""
+"""`rvqlm tokenize AUDIO_DIR OUT_DIR --codec CODEC_DIR`: a folder of audio -> token shards, in one
+process or, under torchrun, in many (codec/distributed_tokenize.py, docs/distributed.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Files that cannot be read are listed in OUT_DIR/errors.jsonl; the exit code is 1 if any failed. "
                     "A Hugging Face audiofolder metadata.jsonl / metadata.csv in AUDIO_DIR (or a sub-folder) "
                     "gives each file it names a `metadata` object in the manifest (e.g. text, speaker); "
-                    "rows that name no audio file, or a file twice, are listed in errors.jsonl too.",
+                    "rows that name no audio file, or a file twice, are listed in errors.jsonl too. "
+                    "Under torchrun (`torchrun --nproc-per-node P -m rvqlm tokenize ...`) each rank tokenizes "
+                    "its share of the files and rank 0 merges them into the one folder (docs/distributed.md).",
     )
     p.add_argument("audio_dir", metavar="AUDIO_DIR", help="folder of audio files (wav, flac, ogg, mp3, ...)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="token folder to create or resume")
@@ -32,8 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard-frames", type=int, default=None, metavar="F",
                    help="token frames per shard before it is sealed (default 1048576, ~5.8 h at 50 Hz)")
     p.add_argument("--threads", type=int, default=None, metavar="T",
-                   help="torch threads for encoding (default: CPU cores minus --workers, at least 1; "
-                        "oversubscribed cores make torch several times slower)")
+                   help="torch threads for encoding (default: CPU cores per process on this node minus --workers, "
+                        "at least 1; oversubscribed cores make torch several times slower)")
+    p.add_argument("--device", default="auto",
+                   help="torch device for encoding: auto (cuda:LOCAL_RANK when CUDA is there, else cpu; the default), "
+                        "cpu, cuda (cuda:LOCAL_RANK) or cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -46,27 +52,30 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
     import torch
 
+    from codec.distributed_tokenize import Launch, tokenize
     from codec.model import Codec
-    from codec.tokenize import tokenize_folder
+    from codec.tokenize import TokenizeSettings
     from rvqlm_core.token_shards import DEFAULT_SHARD_FRAMES
 
-    threads = args.threads if args.threads is not None else max(1, (os.cpu_count() or 1) - max(args.workers, 0))
+    launch = Launch.from_env()
+    cores = max(1, (os.cpu_count() or 1) // launch.local_world)
+    threads = args.threads if args.threads is not None else max(1, cores - max(args.workers, 0))
     if threads < 1:
         raise ValueError("--threads must be >= 1")
     torch.set_num_threads(threads)
-    if args.shard_frames is not None and args.shard_frames < 1:
-        raise ValueError("--shard-frames must be >= 1")
-    codec = Codec.from_pretrained(args.codec)
-    summary = tokenize_folder(
-        args.audio_dir, args.out_dir, codec, workers=args.workers, batch_seconds=args.batch_seconds,
-        chunk_seconds=args.chunk_seconds, max_file_seconds=args.max_file_seconds,
-        shard_frames=args.shard_frames or DEFAULT_SHARD_FRAMES, progress=not args.no_progress,
-    )
-    for line in summary.lines():
-        print(line)
-    _show(summary.errors, f"file(s) failed (all listed in {args.out_dir}/errors.jsonl)")
-    _show(summary.metadata_errors, f"metadata row(s) could not be attached (all listed in {args.out_dir}/errors.jsonl)")
-    return 1 if summary.errors or summary.metadata_errors else 0
+    settings = TokenizeSettings(workers=args.workers, batch_seconds=args.batch_seconds,
+                                chunk_seconds=args.chunk_seconds, max_file_seconds=args.max_file_seconds,
+                                shard_frames=DEFAULT_SHARD_FRAMES if args.shard_frames is None else args.shard_frames,
+                                progress=not args.no_progress)
+    codec = Codec.from_pretrained(args.codec).to(launch.device(args.device))
+    summary = tokenize(args.audio_dir, args.out_dir, codec, settings, launch)
+    if launch.rank == 0:
+        for line in summary.lines():
+            print(line)
+        _show(summary.errors, f"file(s) failed (all listed in {args.out_dir}/errors.jsonl)")
+        _show(summary.metadata_errors,
+              f"metadata row(s) could not be attached (all listed in {args.out_dir}/errors.jsonl)")
+    return 1 if summary.files_failed or summary.metadata_errors else 0
 
 
 def _show(errors: list[dict], what: str) -> None:
