@@ -2,11 +2,16 @@
 
     .venv/bin/python benchmarks/tokenize_speed.py                 # default codec, random weights
     .venv/bin/python benchmarks/tokenize_speed.py --codec DIR --workers 2 --hours 0.25
+    .venv/bin/python benchmarks/tokenize_speed.py --codec models/codec-speech-16k --cases a \
+        --split valid --files 60 --workers 0 --ranks 2   # case (a) by 1 process, then by 2 torchrun ranks
 
-(a) the first `--files` wav files of the built-in corpus (real speech, 16 kHz), (b) one file of
-`--hours` made by concatenating corpus audio. Each case runs `tokenize_folder` in a fresh
-process, so its peak RSS (main process, and the largest decoding worker) is the case's own.
-Speed does not depend on the codec's weights, so without `--codec` a random default
+(a) the first `--files` wav files of a split of the built-in corpus (real speech, 16 kHz), (b)
+one file of `--hours` made by concatenating corpus audio. Each case runs `rvqlm tokenize`'s
+entry (`codec.distributed_tokenize.tokenize`) in a fresh process, so its peak RSS (main process,
+and the largest decoding worker) is the case's own. With `--ranks R`, case (a) runs again under
+`torchrun --nproc-per-node R` (gloo; each rank gets `--threads` / R torch threads): files
+per second, peak RSS of each rank, and their ratios against the one-process run of the same
+invocation. Speed does not depend on the codec's weights, so without `--codec` a random default
 `Codec(CodecConfig())` is timed. The load average is printed: this machine may be shared, and then
 "audio s per CPU s" (CPU time of the whole case, torch import and decoding workers included) is
 the steadier figure; x real time on N idle cores is at most N times it.
@@ -20,17 +25,18 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _make_short(folder: Path, corpus: Path, n: int) -> None:
+def _make_short(folder: Path, corpus: Path, n: int, split: str = "train") -> None:
     from rvqlm.corpus import corpus_files
 
-    files = corpus_files(corpus, "train")[:n]
+    files = corpus_files(corpus, split)[:n]
     if len(files) < n:
-        raise SystemExit(f"the corpus has only {len(files)} train files, asked for {n}")
+        raise SystemExit(f"the corpus has only {len(files)} {split} files, asked for {n}")
     for i, f in enumerate(files):
         dest = folder / f"{i // 100:02d}" / f"{i:04d}.wav"
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -58,30 +64,80 @@ def _make_long(folder: Path, corpus: Path, hours: float, sample_rate: int) -> No
                     break
 
 
-def _run_case(audio: Path, codec_dir: Path, workers: int, threads: int | None, batch_seconds: float) -> dict:
-    """Tokenize in a child process; it reports its summary and peak RSS as JSON."""
-    code = f"""
+_CASE = """
 import json, os, resource, sys, tempfile, time
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")  # as `rvqlm tokenize` does
 import torch
-{'torch.set_num_threads(%d)' % threads if threads else ''}
+from codec.distributed_tokenize import Launch, tokenize
 from codec.model import Codec
-from codec.tokenize import tokenize_folder
-codec = Codec.from_pretrained({str(codec_dir)!r})
-with tempfile.TemporaryDirectory() as out:
-    s = tokenize_folder({str(audio)!r}, out + "/tok", codec, workers={workers}, batch_seconds={batch_seconds},
-                        progress=False)
+from codec.tokenize import TokenizeSettings
+launch = Launch.from_env()
+if {threads!r}:
+    torch.set_num_threads(max(1, {threads!r} // launch.local_world))
+codec = Codec.from_pretrained({codec!r})
+s = tokenize({audio!r}, {out!r}, codec, TokenizeSettings(workers={workers!r}, batch_seconds={batch!r},
+             progress=False), launch)
 self_, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps(dict(cpu_s=self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime,
-                      files=s.files_tokenized, failed=s.files_failed, audio_s=s.audio_seconds,
-                      wall_s=s.wall_seconds, threads=torch.get_num_threads(),
-                      rss_main_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      rss_worker_mb=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)))
+print("CASE " + json.dumps(dict(rank=launch.rank, cpu_s=self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime,
+                                files=s.files_tokenized, failed=s.files_failed, audio_s=s.audio_seconds,
+                                wall_s=s.wall_seconds, threads=torch.get_num_threads(),
+                                rss_main_mb=self_.ru_maxrss / 1024, rss_worker_mb=kids.ru_maxrss / 1024)))
 """
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+
+
+def _run_case(audio: Path, out: Path, codec_dir: Path, workers: int, threads: int | None, batch_seconds: float,
+              ranks: int = 1) -> list[dict]:
+    """Tokenize AUDIO into OUT in fresh processes (`ranks` > 1: under torchrun); each reports its
+    summary and peak RSS as JSON, rank 0 first. `threads` is per node, split among its ranks. Adds
+    `start_wall_s`: the whole command, process start and torch import included."""
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "case.py"
+        script.write_text(_CASE.format(threads=threads, codec=str(codec_dir), audio=str(audio),
+                                       out=str(out), workers=workers, batch=batch_seconds))
+        launcher = [] if ranks == 1 else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, *launcher, str(script)], cwd=REPO, capture_output=True, text=True)
+        start_wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"benchmark case failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("CASE ")]
+    if len(rows) != ranks:
+        raise SystemExit(f"expected {ranks} rank reports, got {len(rows)}:\n{proc.stdout}\n{proc.stderr}")
+    rows.sort(key=lambda r: r["rank"])
+    rows[0]["start_wall_s"] = start_wall
+    return rows
+
+
+def _same_tokens(a: Path, b: Path) -> str:
+    """Whether two token folders hold the same files with the same tokens, in words."""
+    import numpy as np
+
+    from rvqlm_core.token_shards import TokenShards
+
+    x, y = TokenShards.open(a, verify=True), TokenShards.open(b, verify=True)
+    if sorted(e.path for e in x.entries) != sorted(e.path for e in y.entries):
+        return "no: other files"
+    differ = [e.path for e in x.entries if not np.array_equal(x.read(e), y.read(e.path))]
+    return f"no: {len(differ)} files differ" if differ else f"yes, all {len(x.entries)} files bit for bit"
+
+
+def _print_ranks(one: dict, many: list[dict], same: str) -> None:
+    """The one-process run of case (a) against the same files by len(many) ranks."""
+    ranks = len(many)
+    print(f"\n(a) by 1 process and by {ranks} torchrun ranks (wall: tokenize() call, rank 0 until the merge; "
+          f"with start: the whole command); tokens equal: {same}")
+    print("| run | files | wall (s) | files/s | x real time | wall with start (s) | audio s per CPU s | threads "
+          "| peak RSS per rank (MB) | files/s ratio | peak RSS ratio (max rank) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    base_fps, base_rss = one["files"] / one["wall_s"], one["rss_main_mb"]
+    for name, rows in (("1 process", [one]), (f"{ranks} ranks", many)):
+        r0 = rows[0]
+        fps = r0["files"] / r0["wall_s"]
+        cpu = sum(r["cpu_s"] for r in rows)
+        rss = [r["rss_main_mb"] for r in rows]
+        print(f"| {name} | {r0['files']} | {r0['wall_s']:.1f} | {fps:.1f} | {r0['audio_s'] / r0['wall_s']:.0f} | "
+              f"{r0['start_wall_s']:.1f} | {r0['audio_s'] / cpu:.0f} | {r0['threads']} | "
+              f"{' / '.join(f'{x:.0f}' for x in rss)} | {fps / base_fps:.2f} | {max(rss) / base_rss:.2f} |")
 
 
 def main() -> None:
@@ -89,6 +145,9 @@ def main() -> None:
     ap.add_argument("--codec", type=Path, default=None, help="a saved codec folder (default: random default codec)")
     ap.add_argument("--corpus", type=Path, default=REPO / "data" / "fillets-cs-16k")
     ap.add_argument("--files", type=int, default=500, help="short files in case (a)")
+    ap.add_argument("--split", default="train", help="corpus split the files of case (a) come from (default train)")
+    ap.add_argument("--ranks", type=int, default=1,
+                    help="also run case (a) under torchrun with this many ranks and print ratios (default 1: no)")
     ap.add_argument("--hours", type=float, default=1.0, help="length of the file in case (b)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--threads", type=int, default=None,
@@ -113,13 +172,18 @@ def main() -> None:
             codec_dir = Codec(CodecConfig()).save_pretrained(tmp / "codec")
         codec = Codec.from_pretrained(codec_dir)
         if "a" in args.cases:
-            _make_short(tmp / "short", corpus, args.files)
-            rows.append((f"(a) {args.files} short files", _run_case(tmp / "short", codec_dir, args.workers,
-                                                                    args.threads, args.batch_seconds)))
+            _make_short(tmp / "short", corpus, args.files, args.split)
+            rows.append((f"(a) {args.files} short {args.split} files",
+                         _run_case(tmp / "short", tmp / "tok-a", codec_dir, args.workers, args.threads,
+                                   args.batch_seconds)[0]))
+            if args.ranks > 1:
+                many = _run_case(tmp / "short", tmp / "tok-ranks", codec_dir, args.workers, args.threads,
+                                 args.batch_seconds, args.ranks)
+                same = _same_tokens(tmp / "tok-a", tmp / "tok-ranks")
         if "b" in args.cases:
             _make_long(tmp / "long", corpus, args.hours, codec.sample_rate)
-            rows.append((f"(b) one {args.hours:g} h file", _run_case(tmp / "long", codec_dir, args.workers,
-                                                                   args.threads, args.batch_seconds)))
+            rows.append((f"(b) one {args.hours:g} h file", _run_case(tmp / "long", tmp / "tok-b", codec_dir,
+                                                                   args.workers, args.threads, args.batch_seconds)[0]))
 
     cfg = codec.config
     print(f"codec: {cfg.sample_rate} Hz, hop {codec.hop_length}, encoder_channels {cfg.encoder_channels}, "
@@ -132,7 +196,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
         print(f"| {name} | {r['files']} | {r['audio_s'] / 3600:.3f} | {r['wall_s']:.1f} | "
-              f"{r['audio_s'] / r['wall_s']:.0f} | {r['audio_s'] / r['cpu_s']:.0f} | {r['threads']} | {r['rss_main_mb']:.0f} | {r['rss_worker_mb']:.0f} |")
+              f"{r['audio_s'] / r['wall_s']:.0f} | {r['audio_s'] / r['cpu_s']:.0f} | {r['threads']} | "
+              f"{r['rss_main_mb']:.0f} | {r['rss_worker_mb']:.0f} |")
+    if "a" in args.cases and args.ranks > 1:
+        _print_ranks(rows[0][1], many, same)
 
 
 if __name__ == "__main__":

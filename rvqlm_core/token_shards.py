@@ -11,6 +11,8 @@ Pure numpy + json; knows nothing of the codec model or the LM. Layout of a token
                             # n_frames, shard, offset  (its tokens: shard[offset : offset + n_frames]),
                             # and `metadata` (the file's audiofolder columns) when it has any
     OUT/errors.jsonl        # one line per file the last run could not tokenize: path, reason
+    OUT/parts/              # only when several processes wrote the folder: one token folder per
+                            # rank, merged into the files above (rvqlm_core/token_parts.py)
 
 Commit protocol (`ShardWriter.seal`, in rvqlm_core/shard_writer.py): the shard's rows are streamed
 to a hidden `.pending` file, then written as `shard-NNNNN.npy` under a temporary name and renamed; then `shards.jsonl` and
