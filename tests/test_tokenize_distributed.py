@@ -239,6 +239,28 @@ def test_another_rank_count_continues_the_folder(tmp_path, audio, codec, referen
     assert_same_files(reference, out)
 
 
+def test_a_metadata_edit_reaches_the_merged_manifest_without_re_encoding(tmp_path, audio, codec):
+    src = tmp_path / "audio"
+    shutil.copytree(audio, src)
+    out = tmp_path / "tok"
+    claim_distributed_folder(out, codec_meta(codec))
+    for rank in (0, 1):
+        _share(src, out, codec, rank, 2)
+    tokenize(src, out, codec, TokenizeSettings(progress=False, **SETTINGS), Launch())  # merges
+    shards_before = (out / "shards.jsonl").read_bytes()
+    rows = [json.loads(line) for line in (src / "metadata.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["speaker"] = "narrator"
+    (src / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    again = tokenize(src, out, codec, TokenizeSettings(progress=False, **SETTINGS), Launch())
+    assert (again.files_tokenized, again.files_skipped) == (0, 14)
+    assert (out / "shards.jsonl").read_bytes() == shards_before
+    fresh = tmp_path / "fresh"
+    tokenize_folder(src, fresh, codec, progress=False, **SETTINGS)
+    assert_same_files(fresh, out)
+    assert {e.metadata["speaker"] for e in TokenShards.open(out).entries if e.metadata} == {"narrator"}
+
+
 def test_refusals_leave_the_folder_as_it_was(tmp_path, audio, codec, reference):
     src = tmp_path / "two"
     shutil.copytree(audio / "part1", src, ignore=lambda d, names: sorted(names)[2:])
