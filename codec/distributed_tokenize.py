@@ -150,7 +150,7 @@ def tokenize_distributed(audio_dir: str | os.PathLike, out_dir: str | os.PathLik
     own = tokenize_share(out, files, codec, metadata, settings, launch.rank, launch.world, t0=t0)
     group.barrier()  # every part is complete
     if launch.rank == 0:
-        summary.errors = merge_share_errors(out, launch.world, metadata, summary.metadata_errors)
+        summary.errors = merge_run(out, launch.world, metadata, summary.metadata_errors)
     else:
         summary.errors = own.errors
     totals = group.sum([own.files_tokenized, own.files_skipped, own.files_failed, own.audio_seconds,
@@ -176,7 +176,7 @@ def tokenize_share(out: Path, files: list[SourceFile], codec: Codec, metadata: M
     return summary
 
 
-def merge_share_errors(out: Path, world: int, metadata: Mapping[str, dict], metadata_errors: list[dict]) -> list[dict]:
+def merge_run(out: Path, world: int, metadata: Mapping[str, dict], metadata_errors: list[dict]) -> list[dict]:
     """Rank 0, once every part of this run is complete: merge OUT. Returns the failed files (the
     errors.jsonl rows of this run's parts; OUT's errors.jsonl adds `metadata_errors`)."""
     written = [part_name(rank, world) for rank in range(world)]

@@ -71,7 +71,7 @@ class ShardWriter:
             if (self.root / INDEX).read_text(encoding="utf-8") != committed:
                 atomic_write_text(self.root / INDEX, committed)
         for p in self.root.iterdir():
-            if _temporary(p):
+            if is_temporary(p):
                 p.unlink()
 
     # -- per file ----------------------------------------------------------------------------
@@ -217,12 +217,12 @@ def check_token_folder(root: Path, meta: Mapping[str, Any]) -> bool:
                 f"{meta['fingerprint'][:16]} (N_c={meta['n_codebooks']}, |V|={meta['codebook_size']}). "
                 "Tokens of two codecs must never mix: use a new output folder.")
         return False
-    if root.is_dir() and any(not _temporary(p) for p in root.iterdir()):
+    if root.is_dir() and any(not is_temporary(p) for p in root.iterdir()):
         raise TokenShardError(f"{root} is not empty and is not a token folder; choose a new output folder")
     return True
 
 
-def _temporary(p: Path) -> bool:
+def is_temporary(p: Path) -> bool:
     """A temporary of an atomic write (rvqlm_core/atomic.py) that a kill left behind."""
     return p.name.startswith(".") and ".tmp-" in p.name
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping
 
 from rvqlm_core.atomic import atomic_path, atomic_write_json, atomic_write_text
-from rvqlm_core.shard_writer import ShardWriter, check_token_folder, write_errors
+from rvqlm_core.shard_writer import ShardWriter, check_token_folder, is_temporary, write_errors
 from rvqlm_core.token_shards import (CODEC_JSON, INDEX, MANIFEST, PARTS_DIR, SHARD_DIR, SHARD_FILE, ShardEntry,
                                      TokenShardError, committed_state, entry_line, json_line, lines_sha256,
                                      make_codec_meta, placement_line, read_codec_json, shard_name)
@@ -139,7 +139,7 @@ def merge_parts(out: str | os.PathLike, *, written: Collection[str] = (),
         if p.name.startswith(".") or (SHARD_FILE.match(p.name) and p.name not in names):
             p.unlink()
     for p in root.iterdir():
-        if p.name.startswith(".") and ".tmp-" in p.name:
+        if is_temporary(p):
             p.unlink()
     return entries
 
