@@ -1,0 +1,361 @@
+"""Does a conditioned LM read its text and speaker? Issue 20's four measurements on a held-out split.
+
+    .venv/bin/python benchmarks/conditioning.py --lm DIR --codec DIR --tokens DIR [--corpus DIR]
+        [--split test] [--max-files 16] [--cfg 1 2 3 5] [--voices font_small font_big] [--seed 0]
+        [--max-seconds 12] [--threads 1] [--json FILE]
+
+--tokens: the corpus tokenized with the codec (`rvqlm tokenize`; its manifest carries each file's
+text and speaker); --corpus: the audio folder it came from (the real recordings). Needs librosa
+(pYIN) and speechmos (DNSMOS): `make bench-setup`. Standard errors (se) are across files.
+
+1. Conditioning gain. Up to --max-files files of the split that have a text (evenly spread), each
+   scored (NLL in nats per code token, all codebooks and per codebook; end-of-audio targets left
+   out) with its true text and speaker, with the texts shuffled between files (a cyclic shift over
+   a random order, so no file keeps its own), with the speakers swapped (the two --voices
+   exchanged, any other speaker replaced by a random other one of the model's table), and with
+   null conditions. Each file's NLL is its windows' (context-length windows, text on the first as
+   in training); the table gives the paired difference to the true condition and its se.
+2. Voice. Up to --max-files lines spoken by the two --voices (half each, evenly spread), each
+   generated from its text alone (no audio prompt, plain sampling, seeded) in each voice at every
+   --cfg scale and decoded by the codec; pYIN median F0 of each clip (rvqlm.metrics.pitch_track)
+   against the median over that speaker's real recordings of the chosen lines, in semitones, and
+   the distance between the two generated voices against the real one.
+3. Length. Pearson r between each line's real duration and the duration generated for its text in
+   the line's own voice (a row that never chose its end stops at --max-seconds: counted).
+4. CFG sweep. DNSMOS OVRL of the generated clips at each scale, next to the chosen lines' real
+   recordings and their codec reconstructions (decoded from the token folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rvqlm.cli import run_script
+
+VARIANTS = ("true", "texts shuffled", "speakers swapped", "null")
+
+
+def mean_se(values) -> tuple[float, float, int]:
+    """(mean, standard error, n) over the finite values (nan where there are too few)."""
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if len(x) == 0:
+        return float("nan"), float("nan"), 0
+    return float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan"), len(x)
+
+
+def semitones(f0: float, reference: float) -> float:
+    return 12.0 * math.log2(f0 / reference) if f0 > 0 and reference > 0 else float("nan")
+
+
+def pearson(x, y) -> float:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if len(x) < 3 or x.std() == 0 or y.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def nan_median(values) -> float:
+    x = [v for v in values if math.isfinite(v)]
+    return float(np.median(x)) if x else float("nan")
+
+
+def evenly(items: list, n: int) -> list:
+    return items if len(items) <= n else [items[i * len(items) // n] for i in range(n)]
+
+
+# ---- 1. conditioning gain ----------------------------------------------------------------------------
+
+def shuffled(values: list, rng: np.random.Generator) -> list:
+    """values moved along a cyclic shift of a random order: no position keeps its own (n >= 2)."""
+    order = rng.permutation(len(values))
+    out = list(values)
+    for i, j in zip(order, np.roll(order, -1)):
+        out[i] = values[j]
+    return out
+
+
+def swapped(speakers: list[str], voices: tuple[str, str], table: list[str], rng: np.random.Generator) -> list[str]:
+    """The two voices exchanged; any other speaker replaced by a random other one of `table`."""
+    a, b = voices
+    out = []
+    for s in speakers:
+        others = [t for t in table if t != s]
+        out.append(b if s == a else a if s == b else "" if not s or not others else str(rng.choice(others)))
+    return out
+
+
+@torch.inference_mode()
+def nll_by_file(model, shards, entries: list[int], texts: list[str], speakers: list[str], batch_size: int = 8
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Summed code NLL and target counts per file and codebook ([F, N_c] each) of the files `entries`
+    under the given conditions (one text and speaker per file; the text on each file's first window)."""
+    cfg = model.cfg
+    window = cfg.max_frames
+    spans = [(f, start, min(window, shards.entries[e].n_frames - start))
+             for f, e in enumerate(entries) for start in range(0, shards.entries[e].n_frames, window)]
+    nll = np.zeros((len(entries), cfg.n_codebooks))
+    count = np.zeros((len(entries), cfg.n_codebooks))
+    for i in range(0, len(spans), batch_size):
+        chunk = spans[i:i + batch_size]
+        codes = torch.zeros(len(chunk), cfg.n_codebooks, max(n for _, _, n in chunk), dtype=torch.long)
+        mask = torch.zeros(len(chunk), codes.shape[-1], dtype=torch.bool)
+        for row, (f, start, n) in enumerate(chunk):
+            codes[row, :, :n] = torch.from_numpy(np.asarray(shards.read(shards.entries[entries[f]], start, n),
+                                                            dtype=np.int64)).T
+            mask[row, :n] = True
+        condition = model.condition_inputs([texts[f] if start == 0 and texts[f] else None for f, start, _ in chunk],
+                                           [speakers[f] or None for f, _, _ in chunk], len(chunk))
+        out, valid = model.token_nll(codes.to(model.device), mask.to(model.device), condition)
+        for row, (f, _, _) in enumerate(chunk):
+            nll[f] += out[row].sum(dim=-1).double().cpu().numpy()
+            count[f] += valid[row].sum(dim=-1).cpu().numpy()
+    return nll, count
+
+
+def conditioning_gain(model, shards, files, voices: tuple[str, str], n: int, seed: int) -> dict:
+    """Measurement 1 over up to n files of `files` (a TokenFiles) that have a text."""
+    keep = evenly([i for i, t in enumerate(files.texts) if t], n)
+    if len(keep) < 2:
+        raise ValueError(f"the split has {len(keep)} file(s) with a text; the conditioning gain needs at least 2")
+    rng = np.random.default_rng(seed)
+    texts, speakers = [files.texts[i] for i in keep], [files.speakers[i] for i in keep]
+    variants = {"true": (texts, speakers), "texts shuffled": (shuffled(texts, rng), speakers),
+                "speakers swapped": (texts, swapped(speakers, voices, model.cfg.condition.speakers, rng)),
+                "null": ([""] * len(keep), [""] * len(keep))}
+    entries = [files.entry_indices[i] for i in keep]
+    per_file = {}
+    for name, (t, s) in variants.items():
+        nll, count = nll_by_file(model, shards, entries, t, s)
+        per_file[name] = {"all": nll.sum(1) / count.sum(1), "codebook": nll / np.maximum(count, 1)}
+    rows = {}
+    for name in VARIANTS:
+        mean, se, _ = mean_se(per_file[name]["all"])
+        diff, diff_se, _ = mean_se(per_file[name]["all"] - per_file["true"]["all"])
+        rows[name] = {"nll": mean, "se": se, "minus_true": diff, "minus_true_se": diff_se,
+                      "z": diff / diff_se if diff_se > 0 else float("nan"),
+                      "per_codebook": per_file[name]["codebook"].mean(0).tolist()}
+    unchanged = sum(a == b for a, b in zip(texts, variants["texts shuffled"][0]))
+    return {"files": len(keep), "rows": rows, "shuffled_texts_unchanged": unchanged}
+
+
+# ---- 2-4. generation -------------------------------------------------------------------------------
+
+@dataclass
+class Clip:
+    line: int  # index into the chosen lines
+    voice: str
+    seconds: float
+    ended: bool  # chose its end-of-audio token before the length limit
+    f0: float  # median F0 over its voiced frames (nan: too few)
+    dnsmos: float  # OVRL
+
+
+def clip_scores(wav: np.ndarray, sample_rate: int) -> tuple[float, float]:
+    """(median F0 in Hz over the voiced 10 ms frames, nan below 10; DNSMOS OVRL) of a 16 kHz clip."""
+    from rvqlm.metrics import dnsmos, pitch_track
+
+    if len(wav) < sample_rate // 10:
+        return float("nan"), float("nan")
+    f0, voiced = pitch_track(wav, sample_rate)
+    median = float(np.median(f0[voiced])) if voiced.sum() >= 10 else float("nan")
+    return median, dnsmos(wav, sample_rate)["dnsmos_ovrl"]
+
+
+def generated_clips(model, codec, texts: list[str], voices: tuple[str, str], scale: float, max_frames: int,
+                    seed: int) -> list[Clip]:
+    """Every text in every voice, generated at guidance `scale` in one batched call and decoded."""
+    from lm.generate import generate
+
+    rows = [(i, v) for i in range(len(texts)) for v in voices]
+    codes, lengths = generate(model, None, max_frames, text=[texts[i] for i, _ in rows],
+                              speaker=[v for _, v in rows], cfg_scale=scale, return_lengths=True, seed=seed)
+    clips = []
+    for r, (i, v) in enumerate(rows):
+        n = int(lengths[r])
+        wav = np.zeros(0, np.float32)
+        if n > 0:
+            with torch.inference_mode():
+                wav = codec.decode(codes[r:r + 1, :, :n])[0, 0].float().cpu().numpy()
+        f0, ovrl = clip_scores(wav, codec.sample_rate)
+        clips.append(Clip(i, v, n / codec.frame_rate, n < max_frames, f0, ovrl))
+    return clips
+
+
+def pick_lines(files, voices: tuple[str, str], n: int) -> list[int]:
+    """Up to n files with a text spoken by one of the voices, half each, evenly spread."""
+    per_voice = [evenly([i for i, (t, s) in enumerate(zip(files.texts, files.speakers)) if t and s == v],
+                        -(-n // 2)) for v in voices]
+    chosen = sorted(per_voice[0] + per_voice[1])[:n]
+    if not chosen:
+        raise ValueError(f"no file of the split has a text spoken by {' or '.join(voices)}")
+    return chosen
+
+
+def real_clips(codec, shards, files, lines: list[int], corpus: str) -> dict[str, list]:
+    """The chosen lines' recordings (from the corpus) and codec reconstructions (from the tokens):
+    per line its speaker, seconds, median F0 and DNSMOS OVRL of each."""
+    from pathlib import Path
+
+    from codec.audio import load_audio
+
+    out = {"speaker": [], "seconds": [], "f0": [], "dnsmos": [], "recon_dnsmos": []}
+    for i in lines:
+        path = Path(corpus) / files.relpaths[i]
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: the recording of token file {files.relpaths[i]} is not in --corpus")
+        f0, ovrl = clip_scores(load_audio(path, codec.sample_rate, 1)[0].numpy(), codec.sample_rate)
+        entry = shards.entries[files.entry_indices[i]]
+        codes = torch.from_numpy(np.asarray(shards.read(entry), dtype=np.int64)).T[None]
+        with torch.inference_mode():
+            recon = codec.decode(codes)[0, 0].float().cpu().numpy()
+        out["speaker"].append(files.speakers[i])
+        out["seconds"].append(entry.n_frames / codec.frame_rate)
+        out["f0"].append(f0)
+        out["dnsmos"].append(ovrl)
+        out["recon_dnsmos"].append(clip_scores(recon, codec.sample_rate)[1])
+    return out
+
+
+def summarize(clips: list[Clip], real: dict, voices: tuple[str, str]) -> dict:
+    """One --cfg scale's voice, length and quality figures (see the module docstring)."""
+    real_f0 = {v: nan_median([f for f, s in zip(real["f0"], real["speaker"]) if s == v]) for v in voices}
+    out = {"voices": {}}
+    for v in voices:
+        mine = [c.f0 for c in clips if c.voice == v]
+        offsets = [semitones(f, real_f0[v]) for f in mine]
+        median = nan_median(mine)
+        out["voices"][v] = {"median_f0": median, "real_median_f0": real_f0[v],
+                            "offset_st": semitones(median, real_f0[v]), "offset_se": mean_se(offsets)[1],
+                            "voiced_clips": int(sum(math.isfinite(f) for f in mine)), "clips": len(mine)}
+    a, b = (out["voices"][v]["median_f0"] for v in voices)
+    out["voice_distance_st"] = semitones(a, b)
+    out["real_voice_distance_st"] = semitones(real_f0[voices[0]], real_f0[voices[1]])
+    own = [c for c in clips if c.voice == real["speaker"][c.line]]
+    out["length_r"] = pearson([real["seconds"][c.line] for c in own], [c.seconds for c in own])
+    out["length_lines"] = len(own)
+    out["mean_seconds"], out["real_mean_seconds"] = mean_se([c.seconds for c in own])[0], mean_se(real["seconds"])[0]
+    out["ended_share"] = float(np.mean([c.ended for c in clips]))
+    out["dnsmos"], out["dnsmos_se"], _ = mean_se([c.dnsmos for c in clips])
+    return out
+
+
+# ---- the script ------------------------------------------------------------------------------------
+
+def load_pair(args):
+    """The conditioned LM, the codec and the token folder, checked to belong together."""
+    from codec import Codec
+    from lm import MultiCodebookLM
+    from lm.training import check_fingerprint
+    from rvqlm_core.token_shards import TokenShards
+
+    model = MultiCodebookLM.from_pretrained(args.lm).eval()
+    if model.cfg.condition is None:
+        raise ValueError(f"{args.lm} is not a conditioned LM (no condition encoder): nothing to measure; train "
+                         "one with recipes/lm_speech_conditioned.yaml")
+    for v in args.voices:
+        model.cfg.condition.speaker_id(v)  # ValueError naming the known speakers
+    codec = Codec.from_pretrained(args.codec).eval()
+    shards = TokenShards.open(args.tokens)
+    check_fingerprint(model.cfg.codec_fingerprint, shards.fingerprint, args.tokens)
+    if not codec.accepts_tokens(shards.fingerprint):
+        raise ValueError(f"codec mismatch: {args.tokens} holds tokens of codec {str(shards.fingerprint)[:16]}, "
+                         f"the given codec's are {codec.token_fingerprint()[:16]}")
+    if codec.sample_rate != 16000 or codec.channels != 1:
+        raise ValueError(f"pYIN and DNSMOS are scored on 16 kHz mono here; this codec is {codec.sample_rate} Hz, "
+                         f"{codec.channels} channel(s)")
+    return model, codec, shards
+
+
+def run(args) -> dict:
+    from lm.data import TokenFiles
+
+    model, codec, shards = load_pair(args)
+    files = TokenFiles.of_split(args.tokens, args.split, shards=shards)
+    voices = tuple(args.voices)
+    gain = conditioning_gain(model, shards, files, voices, args.max_files, args.seed)
+    lines = pick_lines(files, voices, args.max_files)
+    real = real_clips(codec, shards, files, lines, args.corpus)
+    max_frames = min(int(args.max_seconds * codec.frame_rate), max(int(2 * max(real["seconds"]) * codec.frame_rate), 50))
+    texts = [files.texts[i] for i in lines]
+    sweep = {}
+    for scale in args.cfg:
+        t0 = time.perf_counter()
+        clips = generated_clips(model, codec, texts, voices, scale, max_frames, args.seed)
+        sweep[f"{scale:g}"] = {**summarize(clips, real, voices), "seconds_taken": time.perf_counter() - t0}
+    return {"gain": gain, "lines": [files.relpaths[i] for i in lines], "texts": texts,
+            "max_generated_seconds": max_frames / codec.frame_rate, "sweep": sweep,
+            "real": {"dnsmos": mean_se(real["dnsmos"])[:2], "recon_dnsmos": mean_se(real["recon_dnsmos"])[:2],
+                     "mean_seconds": mean_se(real["seconds"])[0]}}
+
+
+def report_lines(result: dict, voices: tuple[str, str]) -> list[str]:
+    gain = result["gain"]
+    out = [f"1. conditioning gain, NLL nats/token over {gain['files']} files (se across files)",
+           f"   {'condition':<18} {'NLL':>7} {'se':>6} {'- true':>7} {'se':>6} {'z':>6}"]
+    for name, r in gain["rows"].items():
+        out.append(f"   {name:<18} {r['nll']:7.3f} {r['se']:6.3f} {r['minus_true']:7.3f} {r['minus_true_se']:6.3f} "
+                   f"{r['z']:6.1f}")
+    out.append(f"2-4. {len(result['lines'])} lines generated in each voice ({' / '.join(voices)}), at most "
+               f"{result['max_generated_seconds']:.1f} s")
+    head = (f"   {'cfg':>4} " + " ".join(f"{v[:11] + ' st':>14}" for v in voices)
+            + f" {'dist st':>8} {'length r':>8} {'ended':>6} {'DNSMOS':>7} {'se':>5}")
+    out.append(head)
+    for scale, s in result["sweep"].items():
+        offsets = " ".join(f"{s['voices'][v]['offset_st']:+8.2f}±{s['voices'][v]['offset_se']:<5.2f}" for v in voices)
+        out.append(f"   {scale:>4} {offsets} {s['voice_distance_st']:8.2f} {s['length_r']:8.2f} "
+                   f"{s['ended_share']:6.2f} {s['dnsmos']:7.2f} {s['dnsmos_se']:5.2f}")
+    any_scale = next(iter(result["sweep"].values()))
+    real = result["real"]
+    out.append(f"   real: voice distance {any_scale['real_voice_distance_st']:.2f} st, median F0 "
+               + ", ".join(f"{v} {any_scale['voices'][v]['real_median_f0']:.0f} Hz" for v in voices)
+               + f"; DNSMOS {real['dnsmos'][0]:.2f} ± {real['dnsmos'][1]:.2f}, codec reconstruction "
+               f"{real['recon_dnsmos'][0]:.2f} ± {real['recon_dnsmos'][1]:.2f}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lm", required=True, help="a conditioned LM folder (recipes/lm_speech_conditioned.yaml)")
+    p.add_argument("--codec", required=True, help="the codec whose tokens the LM models")
+    p.add_argument("--tokens", required=True, help="the corpus tokenized with that codec (texts and speakers inside)")
+    p.add_argument("--corpus", default="data/fillets-cs-16k", help="the audio folder the tokens came from")
+    p.add_argument("--split", default="test", choices=("train", "valid", "test"))
+    p.add_argument("--max-files", type=int, default=16, help="files scored and lines generated (default 16)")
+    p.add_argument("--cfg", type=float, nargs="+", default=[1.0, 2.0, 3.0, 5.0], help="guidance scales")
+    p.add_argument("--voices", nargs=2, default=["font_small", "font_big"], help="the two speakers compared")
+    p.add_argument("--max-seconds", type=float, default=12.0, help="longest generation (default 12 s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+    if args.max_files < 2 or args.threads < 1 or not args.max_seconds > 0 or min(args.cfg) < 0:
+        p.error("--max-files must be >= 2, --threads >= 1, --max-seconds > 0 and every --cfg >= 0")
+    if args.voices[0] == args.voices[1]:
+        p.error("--voices must name two different speakers")
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    result = run(args)
+    wall = time.perf_counter() - t0
+    print(f"LM {args.lm}, codec {args.codec}, tokens {args.tokens}/{args.split}, seed {args.seed}")
+    print("\n".join(report_lines(result, tuple(args.voices))))
+    print(f"wall time {wall:.0f} s")
+    if args.json:
+        from rvqlm_core.atomic import atomic_write_json
+
+        atomic_write_json(args.json, {**result, "lm": args.lm, "codec": args.codec, "tokens": args.tokens,
+                                      "split": args.split, "seed": args.seed, "cfg": args.cfg, "voices": args.voices,
+                                      "wall_seconds": wall, "torch_threads": torch.get_num_threads(),
+                                      "machine": platform.platform()})
+    return 0
+
+
+if __name__ == "__main__":
+    run_script(main, "conditioning")
