@@ -75,6 +75,16 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def with_fresh_lr(groups: list[dict[str, Any]], fresh: set[int], lr: float) -> list[dict[str, Any]]:
+    """Each group split in two: its parameters whose id is in `fresh` with their own `lr`, the rest as they were."""
+    out = []
+    for g in groups:
+        old = [p for p in g["params"] if id(p) not in fresh]
+        new = [p for p in g["params"] if id(p) in fresh]
+        out += [{**g, "params": old}] + ([{**g, "params": new, "lr": lr}] if new else [])
+    return out
+
+
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
     """LR multiplier at optimizer step `step` (0-based): linear warmup to 1, then cosine to min_lr_ratio."""
     if step < warmup_steps:
@@ -144,6 +154,8 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
             equal `config`'s (dropout may differ), or be `config`'s without `condition` (a conditioned
             LM started from an unconditioned decoder: lm.warm_start), and it must come from the same
             codec's tokens.
+        fresh_lr_scale: the learning rate of the parameters init_from leaves fresh (a conditioned LM's
+            encoder and cross-attention) is lr times this; the copied ones train at lr.
         speakers: the speaker table of a conditioned LM whose config lists none (linked from the data).
     """
 
@@ -151,13 +163,17 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
                  codec_fingerprint: str | None = None, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
                  adam_eps: float = 1e-8, weight_decay: float = 0.1, warmup_steps: int = 100,
                  min_lr_ratio: float = 0.1, total_steps: int | None = None, measure_peak: bool = True,
-                 export: bool = True, init_from: str | None = None, speakers: list[str] | None = None):
+                 export: bool = True, init_from: str | None = None, speakers: list[str] | None = None,
+                 fresh_lr_scale: float = 1.0):
         super().__init__()
         overrides = {k: v for k, v in (("n_codebooks", n_codebooks), ("codebook_size", codebook_size),
                                        ("codec_fingerprint", codec_fingerprint)) if v is not None}
         if config.condition is not None and not config.condition.speakers and speakers:
             overrides["condition"] = dataclasses.replace(config.condition, speakers=list(speakers))
         self.lm_config = dataclasses.replace(config, **overrides)
+        if not fresh_lr_scale > 0 or (fresh_lr_scale != 1.0 and init_from is None):
+            raise ValueError(f"fresh_lr_scale must be > 0, and is for the parameters init_from leaves fresh (give "
+                             f"init_from); got {fresh_lr_scale} with init_from={init_from!r}")
         if warmup_steps < 0 or not 0.0 <= min_lr_ratio <= 1.0 or lr <= 0:
             raise ValueError(f"need lr > 0, warmup_steps >= 0 and min_lr_ratio in [0, 1]; got {lr}, "
                              f"{warmup_steps}, {min_lr_ratio}")
@@ -165,6 +181,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         self.save_hyperparameters(ignore=["config", "n_codebooks", "codebook_size", "codec_fingerprint", "speakers"])
         self.hparams["config"] = self.lm_config.to_dict()  # complete, as LightningCLI re-reads it on resume
         self.model = MultiCodebookLM(self.lm_config)
+        self._fresh: list[str] = []  # parameters init_from left at their initialisation
         if init_from is not None:
             self._load_initial_weights(init_from)
         self.matmul_peak: float | None = None
@@ -173,7 +190,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         self._val_count: Tensor | None = None
 
     def _load_initial_weights(self, folder: str) -> None:
-        warm_start(self.model, MultiCodebookLM.from_pretrained(folder), folder)
+        self._fresh = warm_start(self.model, MultiCodebookLM.from_pretrained(folder), folder)
 
     # -- training ---------------------------------------------------------------------------------
     def on_fit_start(self) -> None:
@@ -247,7 +264,11 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         # fused: one kernel for all parameters (docs/experiments.md, "language model").
-        optimizer = torch.optim.AdamW(decay_groups(self.model, hp.weight_decay), lr=hp.lr,
+        groups = decay_groups(self.model, hp.weight_decay)
+        if hp.fresh_lr_scale != 1.0:
+            fresh = {id(p) for name, p in self.model.named_parameters() if name in set(self._fresh)}
+            groups = with_fresh_lr(groups, fresh, hp.lr * hp.fresh_lr_scale)
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr,
                                       betas=tuple(hp.betas), eps=hp.adam_eps, fused=True)
         total = hp.total_steps or int(self.trainer.estimated_stepping_batches)
         if not 0 < total < 10**12:

@@ -100,3 +100,19 @@ def test_other_pairs_are_refused_with_every_difference_named(tmp_path):
     plain.save_pretrained(tmp_path / "src")
     with pytest.raises(ValueError, match="codec_fingerprint"):
         LMTrainingModule(plain_cfg(condition=CONDITION), codec_fingerprint="0" * 64, init_from=str(tmp_path / "src"))
+
+
+def test_fresh_lr_scale_trains_only_the_fresh_parameters_faster(tmp_path):
+    MultiCodebookLM(plain_cfg()).save_pretrained(tmp_path / "src")
+    module = LMTrainingModule(plain_cfg(condition=CONDITION), init_from=str(tmp_path / "src"), lr=1e-3,
+                              fresh_lr_scale=10.0, total_steps=20, warmup_steps=0, measure_peak=False)
+    optimizer = module.configure_optimizers()["optimizer"]
+    lr_of = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    names = dict(module.model.named_parameters())
+    assert len(lr_of) == sum(len(g["params"]) for g in optimizer.param_groups) == len(names)  # each once
+    for name, p in names.items():
+        fresh = name.startswith("condition_encoder.") or ".cross_attn." in name or ".cross_norm." in name
+        assert lr_of[id(p)] == pytest.approx(1e-2 if fresh else 1e-3), name
+    assert {g["weight_decay"] for g in optimizer.param_groups} == {0.0, 0.1}  # decay stays on matrices only
+    with pytest.raises(ValueError, match="give init_from"):
+        LMTrainingModule(plain_cfg(condition=CONDITION), fresh_lr_scale=10.0)
