@@ -9,7 +9,9 @@ Its stages, each a function a user can also call:
 3. `tokenize_corpus`: the corpus as codec tokens (resumable: a second run reuses them);
 4. `demo_lm`: the shipped LM fine-tuned for a few minutes (or a small LM trained when it does not
    fit the codec, or the shipped LM as it is), held-out NLL on the valid split;
-5. `continue_prompts`: held-out prompts continued by the LM, decoded by the codec;
+5. `continue_prompts`: held-out prompts continued by the LM, decoded by the codec, and
+   `say_it_clips` (rvqlm/say_it.py): held-out lines said in both fish voices by the text- and
+   speaker-conditioned LM, when one fits the codec;
 6. `write_demo_report`: everything in `samples/` with a listening report (`samples/index.html`)
    and its tables in `metrics.json`.
 
@@ -29,11 +31,15 @@ from rvqlm.foreign_clips import TABLE as FOREIGN_TABLE
 from rvqlm.foreign_clips import TITLE as FOREIGN_TITLE
 from rvqlm.foreign_clips import ForeignClips, foreign_speaker_clips
 from rvqlm.report import ReportClip, write_clip
+from rvqlm.say_it import TABLE as SAY_IT_TABLE
+from rvqlm.say_it import TITLE as SAY_IT_TITLE
+from rvqlm.say_it import SayIt, say_it_clips
 from rvqlm.voices import DEFAULT_VOICES_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_CODEC = REPO / "models" / "codec-speech-16k"
 SHIPPED_LM = REPO / "models" / "lm-speech-16k"
+SHIPPED_CONDITIONED_LM = REPO / "models" / "lm-speech-conditioned-16k"
 DEMO_LM_RECIPE = REPO / "recipes" / "lm_demo.yaml"  # from scratch, when no shipped LM fits the codec
 FINETUNE_LM_RECIPE = REPO / "recipes" / "lm_speech.yaml"  # the shipped LM's own recipe
 
@@ -59,6 +65,9 @@ class DemoSettings:
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 1
+    conditioned_lm: Path = SHIPPED_CONDITIONED_LM  # the "Say it" section, when it fits the codec
+    say_it_lines: int = 4  # held-out lines said in both voices (0: leave the section out)
+    say_it_cfg: float = 3.0  # classifier-free guidance scale
 
 
 @dataclass
@@ -112,11 +121,13 @@ def run_demo(s: DemoSettings = DemoSettings()) -> Path:
     model = demo_lm(s, codec, tokens_dir, init)
     held_out = held_out_report(model, str(tokens_dir), "valid", unigram=True)
 
-    say("5/6 generating continuations of held-out prompts")
+    say("5/6 generating continuations of held-out prompts, and held-out lines from their text")
     continuations = continue_prompts(s, codec, model, prompts, out)
+    said = say_it_clips(codec, s.conditioned_lm, corpus, s.say_it_lines, out, cfg_scale=s.say_it_cfg, seed=s.seed,
+                        say=say)
 
     say("6/6 writing the listening report")
-    page = write_demo_report(s, codec, init, recon, foreign, continuations, held_out, say.minutes())
+    page = write_demo_report(s, codec, init, recon, foreign, continuations, said, held_out, say.minutes())
     say(f"done in {say.minutes():.1f} min: open {page}")
     return page
 
@@ -277,7 +288,7 @@ def continue_prompts(s: DemoSettings, codec, model, prompts: list[Path], out: Pa
 
 
 def write_demo_report(s: DemoSettings, codec, init: Path | None, recon: Samples, foreign: ForeignClips,
-                      continuations: Samples, held_out: dict, minutes: float) -> Path:
+                      continuations: Samples, said: SayIt, held_out: dict, minutes: float) -> Path:
     """`index.html` (notes, tables, clips) and `metrics.json` (the tables) in `s.samples_dir`."""
     from rvqlm.report import ReportSection, write_report
     from rvqlm_core.atomic import atomic_write_text
@@ -285,6 +296,7 @@ def write_demo_report(s: DemoSettings, codec, init: Path | None, recon: Samples,
     out = Path(s.samples_dir)
     tables = {"Reconstruction of held-out speech": recon.table,
               **({FOREIGN_TABLE: foreign.table} if foreign.table else {}), "Continuations": continuations.table,
+              **({SAY_IT_TABLE: said.table} if said.table else {}),
               "Held-out negative log-likelihood, valid split (nats/token)": [
                   {"codebook": str(c), "LM": f"{v:.3f}", "unigram baseline": f"{u:.3f}"}
                   for c, (v, u) in enumerate(zip(held_out["nll_per_codebook"], held_out["unigram_nll_per_codebook"]))]}
@@ -296,6 +308,7 @@ def write_demo_report(s: DemoSettings, codec, init: Path | None, recon: Samples,
         ReportSection(FOREIGN_TITLE, foreign.description, foreign.rows),
         ReportSection("LM continuations", "The first seconds of each held-out line are the prompt; the rest is "
                       f"sampled ({_sampling_words(s)}).", continuations.rows),
+        ReportSection(SAY_IT_TITLE, said.description, said.rows),
     ]
     page = write_report(out, "rvqlm demo: speech codec and LM continuations", sections, tables, notes)
     atomic_write_text(out / "metrics.json", json.dumps(tables, indent=2) + "\n")

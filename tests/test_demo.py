@@ -1,9 +1,11 @@
 """`rvqlm demo` end to end at its smallest settings: the shipped codec and LM on a subset of the
-built-in corpus, one short prompt, two foreign-speaker clips from a voices corpus in miniature; the
-report, its clips and metrics.json are checked for content."""
+built-in corpus, one short prompt, two foreign-speaker clips from a voices corpus in miniature, and
+"Say it" lines from a tiny conditioned LM built here; the report, its clips and metrics.json are
+checked for content."""
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -17,6 +19,8 @@ from rvqlm.cli import main
 from rvqlm.demo import SHIPPED_CODEC
 from rvqlm.foreign_clips import TABLE as FOREIGN_TABLE
 from rvqlm.foreign_clips import foreign_speaker_clips, pick_foreign_clips
+from rvqlm.say_it import TABLE as SAY_IT_TABLE
+from rvqlm.say_it import say_it_clips
 
 PROMPT_SECONDS, SECONDS = 1.0, 0.5
 SPEAKER_A, SPEAKER_B = "aa_AA_f_One", "bb_BB_m_Two"
@@ -45,6 +49,26 @@ def fake_voices(speech_files, tmp_path_factory):
                         progress=False)
 
 
+def tiny_lm_config(**overrides):
+    """A tiny LM for the shipped codec's tokens, conditioned on text and the corpus's speakers by default."""
+    from codec import Codec
+    from lm import LMConfig
+
+    base = dict(n_codebooks=8, codebook_size=1024, d_model=16, n_layers=1, n_heads=2, max_seq_len=64,
+                codec_fingerprint=Codec.from_pretrained(SHIPPED_CODEC).token_fingerprint(),
+                condition={"speakers": ["font_big", "font_small", "font_white"], "encoder_layers": 1})
+    return LMConfig(**{**base, **overrides})
+
+
+@pytest.fixture(scope="module")
+def tiny_conditioned_lm(tmp_path_factory):
+    """A conditioned LM of the shipped codec's tokens, untrained (the section's plumbing, not its sound)."""
+    from lm import MultiCodebookLM
+
+    torch.manual_seed(0)
+    return MultiCodebookLM(tiny_lm_config()).save_pretrained(tmp_path_factory.mktemp("conditioned") / "lm")
+
+
 @pytest.fixture(scope="module")
 def demo(corpus_dir, fake_voices, tmp_path_factory):
     """One small demo run: (samples folder, work folder)."""
@@ -52,7 +76,8 @@ def demo(corpus_dir, fake_voices, tmp_path_factory):
     code = main(["demo", "--samples", str(root / "samples"), "--work-dir", str(root / "work"),
                  "--corpus", str(corpus_dir), "--corpus-files", "4", "--lm-minutes", "0", "--prompts", "1",
                  "--prompt-seconds", str(PROMPT_SECONDS), "--seconds", str(SECONDS),
-                 "--voices", str(fake_voices), "--foreign-clips", "2"])
+                 "--voices", str(fake_voices), "--foreign-clips", "2",
+                 "--conditioned-lm", str(root / "no-conditioned-lm")])
     assert code == 0
     return root / "samples", root / "work"
 
@@ -63,7 +88,7 @@ def test_demo_writes_a_report_whose_clips_exist(demo):
     assert "<title>rvqlm demo: speech codec and LM continuations</title>" in page
     for heading in ("Reconstruction of held-out speech", "Continuations", "Codec reconstructions",
                     "LM continuations", "Held-out negative log-likelihood, valid split (nats/token)",
-                    "Foreign speakers", FOREIGN_TABLE):
+                    "Foreign speakers", FOREIGN_TABLE, "Say it"):
         assert f"<h2>{heading}</h2>" in page
     assert "the shipped lm-speech-16k as it is" in page and "plain sampling" in page
     linked = re.findall(r"src='([^']+)'", page)
@@ -203,17 +228,19 @@ def test_demo_refuses_bad_settings(tmp_path, flag, capsys):
     assert not (tmp_path / "index.html").exists()
 
 
-def test_demo_fine_tunes_the_shipped_lm_for_its_time_budget(demo, corpus_dir, tmp_path, capsys):
+def test_demo_fine_tunes_the_shipped_lm_for_its_time_budget(demo, corpus_dir, tmp_path, capsys, tiny_conditioned_lm):
     """The path `make demo` takes: the shipped LM fine-tuned with its recipe (here for 6 s, the
     shortest budget), exported, and used for the continuations; and on a fresh clone, without the
-    voices corpus, the page and the demo's output say in one line how to add the foreign speakers."""
+    voices corpus, the page and the demo's output say in one line how to add the foreign speakers.
+    Given a conditioned LM, the page says a held-out line in both voices."""
     _, first_work = demo
     tokens = next(first_work.glob("tokens-4-per-split-*"))  # tokenized by the first run: reused
     samples, work = tmp_path / "samples", tmp_path / "work"
     assert main(["demo", "--samples", str(samples), "--work-dir", str(work), "--corpus", str(corpus_dir),
                  "--corpus-files", "4", "--tokens", str(tokens), "--lm-minutes", "0.05", "--prompts", "1",
                  "--prompt-seconds", str(PROMPT_SECONDS), "--seconds", str(SECONDS),
-                 "--voices", str(tmp_path / "no-voices")]) == 0
+                 "--voices", str(tmp_path / "no-voices"), "--conditioned-lm", str(tiny_conditioned_lm),
+                 "--say-it-lines", "1"]) == 0
     assert (work / "lm" / "pretrained" / "model.safetensors").is_file()
     page = (samples / "index.html").read_text()
     assert "LM: the shipped lm-speech-16k fine-tuned for 0.1 min" in page
@@ -223,6 +250,9 @@ def test_demo_fine_tunes_the_shipped_lm_for_its_time_budget(demo, corpus_dir, tm
     assert "foreign" not in " ".join(re.findall(r"src='([^']+)'", page))
     tables = json.loads((samples / "metrics.json").read_text())
     assert FOREIGN_TABLE not in tables
+    section = page.split("<h2>Say it</h2>")[1].split("<h2>")[0]
+    assert section.count("<div class='row'>") == 1 and section.count("<div class='clip'>") == 3
+    assert [r["voice"] for r in tables[SAY_IT_TABLE]] == ["font_small", "font_big"]
     nll = tables["Held-out negative log-likelihood, valid split (nats/token)"]
     assert len(nll) == 8 and all(0 < float(r["LM"]) < math.log(1024) + 1 for r in nll)
     assert not list(work.glob("tokens-*"))  # --tokens: no second token folder
@@ -242,3 +272,61 @@ def test_corpus_subset_links_the_first_files_of_each_split_and_refuses_another(c
         corpus_subset(corpus_dir, tmp_path / "sub", 3)
     with pytest.raises(ValueError, match=">= 1"):
         corpus_subset(corpus_dir, tmp_path / "other", 0)
+
+
+def test_without_a_conditioned_lm_the_say_it_section_is_one_line_saying_how_to_get_it(demo):
+    samples, work = demo
+    page = (samples / "index.html").read_text()
+    hint = (f"“Say it” left out: no conditioned LM at {work.parent / 'no-conditioned-lm'}; train one on this "
+            "codec's tokens with `rvqlm train-lm --config recipes/lm_speech.yaml --config "
+            "recipes/lm_speech_conditioned.yaml` and give its pretrained/ folder with --conditioned-lm.")
+    assert f"<h2>Say it</h2><p>{html.escape(hint)}</p>" in page
+    assert SAY_IT_TABLE not in json.loads((samples / "metrics.json").read_text())
+
+
+def test_say_it_is_left_out_for_an_lm_that_does_not_fit(tmp_path):
+    from lm import MultiCodebookLM
+    from rvqlm.demo import load_codec
+
+    codec = load_codec(SHIPPED_CODEC)
+    cases = {"plain": (tiny_lm_config(condition=None), "is an LM without text and speaker conditioning"),
+             "other": (tiny_lm_config(codec_fingerprint="0" * 64), "was trained on another codec's tokens"),
+             "no-fish": (tiny_lm_config(condition={"speakers": ["font_big", "font_white"]}),
+                         "knows no speaker font_small")}
+    for name, (config, why) in cases.items():
+        lm = MultiCodebookLM(config).save_pretrained(tmp_path / name)
+        said = []
+        done = say_it_clips(codec, lm, "unused", 4, tmp_path / "out", say=said.append)
+        assert done.rows == [] and done.table == [] and said == [done.description]
+        assert done.description.startswith(f"“Say it” left out: {lm} {why}; train one"), done.description
+    assert say_it_clips(codec, "unused", "unused", 0, tmp_path / "out", say=said.append).description == \
+        "“Say it” left out (0 lines asked for)."
+    assert not (tmp_path / "out").exists()
+
+
+def test_say_it_says_held_out_lines_in_both_voices_with_their_text(tiny_conditioned_lm, corpus_dir, tmp_path):
+    from rvqlm.demo import load_codec
+
+    codec = load_codec(SHIPPED_CODEC)
+    said = []
+    done = say_it_clips(codec, tiny_conditioned_lm, corpus_dir, 2, tmp_path, seed=3, say=said.append)
+    meta = {json.loads(line)["file_name"]: json.loads(line)
+            for line in (corpus_dir / "test" / "metadata.jsonl").read_text().splitlines()}
+    assert len(said) == 1 and said[0].startswith("say it: 2 lines in 2 voices in ")
+    assert [len(row) for row in done.rows] == [3, 3] and len(done.table) == 4
+    for i, row in enumerate(done.rows):
+        real, small, big = row
+        name = real.label.split(", ")[1].rstrip(")")
+        line = meta[name]
+        assert real.label.startswith(f"real recording ({'small' if line['speaker'] == 'font_small' else 'big'} fish")
+        assert small.label == "small fish (font_small)" and big.label == "big fish (font_big)"
+        assert all(clip.metrics["text"] == line["text"] for clip in row)  # the text beside every player
+        real_seconds = audio_info(tmp_path / real.wav).duration
+        assert 1.5 <= real_seconds <= 6.0
+        for clip, voice in ((small, "font_small"), (big, "font_big")):
+            seconds = float(clip.metrics["seconds"])
+            assert 0 < seconds <= 2 * real_seconds + 0.02  # stopped by its end or by twice the real length
+            assert abs(audio_info(tmp_path / clip.wav).duration - max(seconds, 0.02)) <= 0.02
+            assert (tmp_path / clip.spectrogram).stat().st_size > 1000
+            assert {"line": f"sayit{i + 1}", "voice": voice, "text": line["text"]}.items() <= \
+                done.table[2 * i + (voice == "font_big")].items()

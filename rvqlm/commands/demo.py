@@ -28,6 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", type=int, default=3, help="held-out prompts to continue (default 3)")
     p.add_argument("--prompt-seconds", type=float, default=3.0)
     p.add_argument("--seconds", type=float, default=6.0, help="continuation length (default 6)")
+    p.add_argument("--conditioned-lm", type=Path, default=None,
+                   help="text- and speaker-conditioned LM for the \"Say it\" section (default "
+                        "models/lm-speech-conditioned-16k; without one that fits the codec the page says how to get it)")
+    p.add_argument("--say-it-lines", type=int, default=4,
+                   help="held-out lines said in both voices (default 4; 0: leave the section out)")
     p.add_argument("--seed", type=int, default=1)
     p.set_defaults(func=run)
 
@@ -39,13 +44,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--prompts, --prompt-seconds and --seconds must be positive, --lm-minutes >= 0")
     if args.corpus_files is not None and args.corpus_files < 1:
         raise ValueError("--corpus-files must be >= 1")
-    if args.foreign_clips < 0:
-        raise ValueError("--foreign-clips must be >= 0")
+    if args.foreign_clips < 0 or args.say_it_lines < 0:
+        raise ValueError("--foreign-clips and --say-it-lines must be >= 0")
     paths = {"samples_dir": args.samples, "work_dir": args.work_dir, "corpus_dir": args.corpus,
              "tokens_dir": args.tokens, "codec_dir": args.codec, "lm_recipe": args.lm_recipe,
-             "voices_dir": args.voices}
+             "voices_dir": args.voices, "conditioned_lm": args.conditioned_lm}
     run_demo(DemoSettings(**{k: v for k, v in paths.items() if v is not None}, lm_minutes=args.lm_minutes,
                           corpus_files_per_split=args.corpus_files, foreign_clips=args.foreign_clips,
+                          say_it_lines=args.say_it_lines,
                           n_prompts=args.prompts,
                           prompt_seconds=args.prompt_seconds, continuation_seconds=args.seconds, seed=args.seed))
     return 0
