@@ -33,7 +33,11 @@ when it is built.
 
 from __future__ import annotations
 
+import time
+from typing import NamedTuple
+
 import torch
+from einops import rearrange
 from torch.nn import functional as F
 
 from codec.istft_decoder import ISTFTDecoder
@@ -125,6 +129,47 @@ class OverlapAdd:
         return out / env
 
 
+class FrameQuantizer:
+    """`ResidualVectorQuantizer.encode` for a few frames at a time: its nearest-code search
+    (`codec.quantizer.nearest_codes`, the same operations in the same order) with the codebook-side
+    terms (mean, centred codebook, squared norms) computed once, not once per chunk.
+
+    latents [B, D, n] -> codes [B, n_q, n], equal to the quantizer's. Snapshot of the codebooks.
+    """
+
+    def __init__(self, quantizer, candidates: int = 4):
+        self.embed, self.candidates = quantizer.embed, candidates
+        self.terms = []
+        for codebook in quantizer.embed:
+            center = codebook.mean(dim=0, keepdim=True)
+            ec = codebook - center
+            self.terms.append((center, ec, ec.pow(2).sum(1).unsqueeze(0)))
+
+    def nearest(self, x: torch.Tensor, c: int) -> torch.Tensor:
+        """x [N, D] -> LongTensor [N]: index of the nearest vector of codebook c (ties: lowest index)."""
+        center, ec, norms = self.terms[c]
+        xc = x - center
+        scores = torch.addmm(norms, xc, ec.t(), alpha=-2.0)
+        k = min(self.candidates, ec.shape[0])
+        if k == 1:
+            return scores.argmin(dim=1)
+        cand = scores.topk(k, dim=1, largest=False, sorted=True).indices  # re-ranked by direct distances
+        exact = (xc.unsqueeze(1) - ec[cand]).pow(2).sum(-1)
+        order = cand.argsort(dim=1)
+        cand, exact = cand.gather(1, order), exact.gather(1, order)
+        return cand.gather(1, exact.argmin(dim=1, keepdim=True)).squeeze(1)
+
+    def encode(self, z: torch.Tensor, n_q: int) -> torch.Tensor:
+        b = z.shape[0]
+        residual = rearrange(z.float(), "b d t -> (b t) d")
+        codes = []
+        for c in range(n_q):
+            idx = self.nearest(residual, c)
+            residual = residual - self.embed[c][idx]
+            codes.append(idx)
+        return rearrange(torch.stack(codes), "k (b t) -> b k t", b=b)
+
+
 class StreamingEncoder:
     """Audio chunks -> the codes of every frame they complete. See the module docstring.
 
@@ -138,6 +183,7 @@ class StreamingEncoder:
         with torch.no_grad():
             encoder = codec.encoder
             self.chain = STFTEncoderStep(encoder) if isinstance(encoder, STFTEncoder) else seanet_steps(encoder.layers)
+            self.quantizer = FrameQuantizer(codec.quantizer)
         self.batch: int | None = None
         self.samples = self.frames = 0
         self.closed = False
@@ -158,7 +204,7 @@ class StreamingEncoder:
         self.frames += latent.shape[-1]
         if latent.shape[-1] == 0:
             return torch.zeros(wav.shape[0], self.n_q, 0, dtype=torch.long, device=latent.device)
-        return self.codec.quantizer.encode(latent, n_q=self.n_q)
+        return self.quantizer.encode(latent, self.n_q)
 
     def flush(self) -> torch.Tensor:
         """Ends the stream: zero-pads a partial last frame as `Codec.encode` does -> [B, n_q, 0 or 1]."""
@@ -179,18 +225,19 @@ class StreamingDecoder:
     to its reconstruction leaving this decoder, compute time aside.
     """
 
-    def __init__(self, codec):
+    def __init__(self, codec, exact: bool = False):
         _check_causal(codec)
-        self.codec = codec
+        self.codec, self.exact = codec, exact
         decoder = codec.decoder
         with torch.no_grad():
             if isinstance(decoder, ISTFTDecoder):
-                self.chain = Chain([ConvStep(decoder.embed.weight, decoder.embed.bias, pad_left=decoder.embed_pad[0]),
-                                    per_frame(decoder.norm_in), *(ConvNeXtStep(b) for b in decoder.blocks)])
+                embed = ConvStep(decoder.embed.weight, decoder.embed.bias, pad_left=decoder.embed_pad[0], exact=exact)
+                self.chain = Chain([embed, per_frame(decoder.norm_in, exact),
+                                    *(ConvNeXtStep(b, exact) for b in decoder.blocks)])
                 self.overlap_add: OverlapAdd | None = OverlapAdd(decoder.window, decoder.istft_hop)
                 self.lookahead_samples = decoder.n_fft // 2
             else:
-                self.chain, self.overlap_add, self.lookahead_samples = seanet_steps(decoder.layers), None, 0
+                self.chain, self.overlap_add, self.lookahead_samples = seanet_steps(decoder.layers, exact), None, 0
         self.latency_samples = codec.hop_length + self.lookahead_samples
         self.batch: int | None = None
         self.frames = 0
@@ -218,8 +265,10 @@ class StreamingDecoder:
         return self.overlap_add.push(self._spectrum(x)).reshape(b, self.codec.channels, -1)
 
     def _spectrum(self, x: torch.Tensor) -> torch.Tensor:
-        """The iSTFT head on x [B, dim, n] with zero frames appended (rounding as a long signal's)."""
+        """The iSTFT head on x [B, dim, n]; `exact`: with zero frames appended (rounding as a long signal's)."""
         decoder, n = self.codec.decoder, x.shape[-1]
+        if not self.exact:
+            return decoder.head_spectrum(x)
         extra = max(-(-MIN_ROWS // x.shape[0]) - n, 1)
         return decoder.head_spectrum(F.pad(x, (0, extra)))[..., : n * decoder.per_frame]
 
@@ -233,3 +282,35 @@ class StreamingDecoder:
         if self.overlap_add is None:
             return torch.zeros(self.batch, self.codec.channels, 0, device=self.codec.device)
         return self.overlap_add.flush(self.batch * self.codec.channels).reshape(self.batch, self.codec.channels, -1)
+
+
+class ChunkTime(NamedTuple):
+    """Seconds one chunk took in `stream_roundtrip`: wall clock and this thread's CPU time, per half."""
+
+    encode: float
+    decode: float
+    encode_cpu: float
+    decode_cpu: float
+
+
+def stream_roundtrip(codec, wav: torch.Tensor, chunk: int, n_q: int | None = None
+                     ) -> tuple[torch.Tensor, list[ChunkTime]]:
+    """wav [B, C, S] through a StreamingEncoder and a StreamingDecoder in chunks of `chunk` samples, as
+    live audio would come -> (audio [B, C, S], each chunk's ChunkTime; the last includes both flushes).
+    The audio is `Codec.decode(Codec.encode(wav))` trimmed to S."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1 sample, got {chunk}")
+    enc, dec = StreamingEncoder(codec, n_q=n_q), StreamingDecoder(codec)
+    out, times = [], []
+    starts = range(0, wav.shape[-1], chunk)
+    for i, at in enumerate(starts):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        codes = enc.push(wav[..., at: at + chunk])
+        if i == len(starts) - 1:
+            codes = torch.cat([codes, enc.flush()], dim=-1)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        out.append(dec.push(codes))
+        if i == len(starts) - 1:
+            out.append(dec.flush())
+        times.append(ChunkTime(t1 - t0, time.perf_counter() - t1, c1 - c0, time.thread_time() - c1))
+    return torch.cat(out, dim=-1)[..., : wav.shape[-1]], times

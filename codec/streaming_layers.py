@@ -31,22 +31,26 @@ SIMD_TAIL = 64  # elements of padding: more than 2 x the widest SIMD vector of f
 MIN_ROWS = 16  # rows from which a matmul rounds as a long signal's
 
 
-def elementwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """fn (elementwise) of x, every element through the SIMD loop (see SIMD_TAIL)."""
+def elementwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, exact: bool = True) -> torch.Tensor:
+    """fn (elementwise) of x; `exact`: every element through the SIMD loop (see SIMD_TAIL)."""
+    if not exact:
+        return fn(x)
     return fn(F.pad(x.reshape(-1), (0, SIMD_TAIL)))[: x.numel()].reshape(x.shape)
 
 
-def padding_frames(batch: int, n: int, width: int, min_rows: int = MIN_ROWS) -> int:
+def padding_frames(batch: int, n: int, width: int) -> int:
     """Zero frames to append to n frames of `batch` signals, `width` values per frame and signal in
-    the last row, so that matmuls see >= min_rows rows and no value is in a SIMD tail."""
-    return max(-(-min_rows // batch) - n, -(-SIMD_TAIL // width), 1)
+    the last row, so that matmuls see >= MIN_ROWS rows and no value is in a SIMD tail."""
+    return max(-(-MIN_ROWS // batch) - n, -(-SIMD_TAIL // width), 1)
 
 
-def framewise(fn: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, min_rows: int = MIN_ROWS) -> torch.Tensor:
-    """fn over the frames of h [B, n, D] (norms, linears, activations; no mixing of frames) -> [B, n, D'],
-    computed with zero frames appended (`padding_frames`)."""
+def framewise(fn: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, exact: bool = True) -> torch.Tensor:
+    """fn over the frames of h [B, n, D] (norms, linears, activations; no mixing of frames) -> [B, n, D'];
+    `exact`: computed with zero frames appended (`padding_frames`)."""
+    if not exact:
+        return fn(h)
     b, n, d = h.shape
-    return fn(F.pad(h, (0, 0, 0, padding_frames(b, n, d, min_rows))))[:, :n]
+    return fn(F.pad(h, (0, 0, 0, padding_frames(b, n, d))))[:, :n]
 
 
 class Step:
@@ -64,23 +68,23 @@ class ConvStep(Step):
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, stride: int = 1, dilation: int = 1,
-                 groups: int = 1, pad_left: int):
+                 groups: int = 1, pad_left: int, exact: bool = True):
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
         self.stride, self.dilation, self.groups = stride, dilation, groups
         self.kernel = (weight.shape[-1] - 1) * dilation + 1
         if self.kernel < stride:
             raise ValueError(f"a streaming convolution needs kernel >= stride, got {self.kernel} < {stride}")
-        self.pad_left = pad_left
+        self.pad_left, self.exact = pad_left, exact
         self.context: torch.Tensor | None = None
         self._backends: dict[tuple, str] = {}
 
     @classmethod
-    def of(cls, layer: PaddedConv1d) -> "ConvStep":
+    def of(cls, layer: PaddedConv1d, exact: bool = True) -> "ConvStep":
         if layer.pad_right:
             raise ValueError("streaming needs a causal convolution (all padding on the left)")
         conv = layer.conv
         return cls(conv.weight, conv.bias, stride=conv.stride[0], dilation=conv.dilation[0], groups=conv.groups,
-                   pad_left=layer.pad_left)
+                   pad_left=layer.pad_left, exact=exact)
 
     def step(self, x: torch.Tensor) -> torch.Tensor:
         if self.context is None:
@@ -93,7 +97,9 @@ class ConvStep(Step):
         return self._conv(x[..., : (n_out - 1) * self.stride + self.kernel], n_out)
 
     def _conv(self, x: torch.Tensor, n_out: int) -> torch.Tensor:
-        """F.conv1d of x [B, C_in, (n_out - 1) * stride + kernel], rounded as a long signal's is."""
+        """F.conv1d of x [B, C_in, (n_out - 1) * stride + kernel]; `exact`: rounded as a long signal's is."""
+        if not self.exact:
+            return F.conv1d(x, self.weight, self.bias, stride=self.stride, dilation=self.dilation, groups=self.groups)
         if self._long_signal_backend(x) == "mkldnn":
             # As F.conv1d calls it: a 2-D convolution of height 1 (oneDNN's 1-D kernels round otherwise).
             return torch.mkldnn_convolution(x[:, :, None], self.weight[:, :, None], self.bias, [0, 0], [1, self.stride],
@@ -174,50 +180,52 @@ class Chain(Step):
 class ResidualStep(Step):
     """The SEANet residual unit over chunks: x + pointwise(ELU(dilated(ELU(x)))), lengths kept."""
 
-    def __init__(self, unit: ResidualUnit):
-        self.dilated, self.pointwise = ConvStep.of(unit.dilated), ConvStep.of(unit.pointwise)
+    def __init__(self, unit: ResidualUnit, exact: bool = True):
+        self.dilated, self.pointwise = ConvStep.of(unit.dilated, exact), ConvStep.of(unit.pointwise, exact)
+        self.exact = exact
 
     def step(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.pointwise.step(elementwise(F.elu, self.dilated.step(elementwise(F.elu, x))))
+        h = self.dilated.step(elementwise(F.elu, x, self.exact))
+        return x + self.pointwise.step(elementwise(F.elu, h, self.exact))
 
 
 class ConvNeXtStep(Step):
     """A causal ConvNeXt block over chunks of frames: [B, D, n] -> [B, D, n]."""
 
-    def __init__(self, block: ConvNeXtBlock, min_rows: int = MIN_ROWS):
+    def __init__(self, block: ConvNeXtBlock, exact: bool = True):
         if block.pad[1]:
             raise ValueError("streaming needs causal ConvNeXt blocks (depthwise padding on the left)")
         conv = block.dwconv
-        self.dw = ConvStep(conv.weight, conv.bias, groups=conv.groups, pad_left=block.pad[0])
-        self.block, self.min_rows = block, min_rows
+        self.dw = ConvStep(conv.weight, conv.bias, groups=conv.groups, pad_left=block.pad[0], exact=exact)
+        self.block, self.exact = block, exact
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         b = self.block
         return b.gamma * b.down(F.gelu(b.up(b.norm(h))))
 
     def step(self, x: torch.Tensor) -> torch.Tensor:
-        h = framewise(self._mlp, rearrange(self.dw.step(x), "b d t -> b t d"), self.min_rows)
+        h = framewise(self._mlp, rearrange(self.dw.step(x), "b d t -> b t d"), self.exact)
         return x + rearrange(h, "b t d -> b d t")
 
 
-def per_frame(fn: Callable[[torch.Tensor], torch.Tensor], min_rows: int = MIN_ROWS) -> MapStep:
+def per_frame(fn: Callable[[torch.Tensor], torch.Tensor], exact: bool = True) -> MapStep:
     """A step applying `fn` (e.g. a LayerNorm or Linear over the last axis) to every frame of [B, D, n]."""
-    return MapStep(lambda x: rearrange(framewise(fn, rearrange(x, "b d t -> b t d"), min_rows), "b t d -> b d t"))
+    return MapStep(lambda x: rearrange(framewise(fn, rearrange(x, "b d t -> b t d"), exact), "b t d -> b d t"))
 
 
-def seanet_steps(layers: nn.Sequential) -> Chain:
+def seanet_steps(layers: nn.Sequential, exact: bool = True) -> Chain:
     """The streaming chain of a SEANet encoder's or decoder's layer list (convolutions, residual
-    units, transposed convolutions, ELUs)."""
+    units, transposed convolutions, ELUs); `exact`: rounded as a long signal's offline pass."""
     steps: list[Step] = []
     for layer in layers:
         if isinstance(layer, PaddedConv1d):
-            steps.append(ConvStep.of(layer))
+            steps.append(ConvStep.of(layer, exact))
         elif isinstance(layer, ResidualUnit):
-            steps.append(ResidualStep(layer))
+            steps.append(ResidualStep(layer, exact))
         elif isinstance(layer, PaddedConvTranspose1d):
             steps.append(ConvTransposeStep(layer))
         elif isinstance(layer, nn.ELU):
-            steps.append(MapStep(lambda x, elu=layer: elementwise(elu, x)))
+            steps.append(MapStep(lambda x, elu=layer: elementwise(elu, x, exact)))
         else:
             raise ValueError(f"no streaming version of layer {type(layer).__name__}")
     return Chain(steps)

@@ -53,8 +53,8 @@ def stream_encode(codec: Codec, wav: torch.Tensor, sizes: list[int], n_q: int | 
     return torch.cat(out, dim=-1)
 
 
-def stream_decode(codec: Codec, codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    dec, out, at = StreamingDecoder(codec), [], 0
+def stream_decode(codec: Codec, codes: torch.Tensor, sizes: list[int], exact: bool = False) -> torch.Tensor:
+    dec, out, at = StreamingDecoder(codec, exact=exact), [], 0
     for n in sizes:
         out.append(dec.push(codes[..., at: at + n]))
         at += n
@@ -85,6 +85,9 @@ def test_streamed_audio_is_decode(codec):
         assert audio.shape == expected.shape
         assert (audio - expected).abs().max() < 1e-5
     assert (stream_decode(codec, codes[:, :1], [codes.shape[-1]]) - codec.decode(codes[:, :1])).abs().max() < 1e-5
+    # exact=True: the offline pass's kernels, leaving only the overlap-adds' order of sums.
+    exact = stream_decode(codec, codes, chunk_sizes(codes.shape[-1], 9, top=40, ones=25), exact=True)
+    assert (exact - expected).abs().max() < 1e-6
 
 
 def test_latency_is_hop_plus_lookahead(codec):
@@ -114,13 +117,16 @@ def test_audio_is_final_when_it_leaves_and_leaves_at_once(codec):
 
 def test_shipped_codec_streams_real_speech_in_20ms_chunks(speech_files):
     codec = Codec.from_pretrained("models/codec-speech-16k")
-    wav = load_audio(speech_files["test"][0], codec.sample_rate, codec.channels)[None, :, : 16000 * 4]
+    wav = load_audio(speech_files["test"][0], codec.sample_rate, codec.channels)[None]  # 6.7 s
     codes = stream_encode(codec, wav, [320] * (wav.shape[-1] // 320) + [wav.shape[-1] % 320])
     assert torch.equal(codes, codec.encode(wav))
     dec = StreamingDecoder(codec)
     assert (dec.lookahead_samples, dec.latency_samples, dec.latency_ms) == (320, 640, 40.0)
     audio = stream_decode(codec, codes, [1] * codes.shape[-1])
     assert (audio - codec.decode(codes)).abs().max() < 1e-5
+    # Over 6.3 s the offline decoder runs on oneDNN throughout: exact=True takes its kernels too.
+    exact = stream_decode(codec, codes, chunk_sizes(codes.shape[-1], 0, top=20, ones=20), exact=True)
+    assert (exact - codec.decode(codes)).abs().max() < 1e-6 < (audio - codec.decode(codes)).abs().max()
 
 
 def test_non_causal_codecs_are_refused():
@@ -149,3 +155,26 @@ def test_bad_chunks_are_refused(codec):
         dec.push(torch.zeros(4, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="0..31"):
         dec.push(torch.full((1, 4, 2), 32))
+
+
+def test_reconstruct_stream_writes_what_reconstruct_writes_and_reports_compute(codec, speech_files, tmp_path,
+                                                                              capsys):
+    import numpy as np
+    import soundfile as sf
+
+    from rvqlm.cli import main
+
+    folder = codec.save_pretrained(tmp_path / "codec")
+    speech = str(speech_files["test"][0])
+    assert main(["reconstruct", speech, str(tmp_path / "plain.wav"), "--codec", str(folder)]) == 0
+    assert main(["reconstruct", speech, str(tmp_path / "live.wav"), "--codec", str(folder), "--stream",
+                 "--chunk-ms", "7.5", "--n-codebooks", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "chunks of 7.5 ms" in printed and "median" in printed and "p95" in printed
+    assert f"algorithmic latency {StreamingDecoder(codec).latency_ms:.1f} ms" in printed
+    plain = sf.read(str(tmp_path / "plain.wav"), dtype="int16")[0].astype(int)
+    live = sf.read(str(tmp_path / "live.wav"), dtype="int16")[0].astype(int)
+    assert plain.shape == live.shape and np.abs(plain - live).max() <= 1  # float rounding only
+    assert main(["reconstruct", speech, str(tmp_path / "x.wav"), "--codec", str(folder), "--stream",
+                 "--chunk-ms", "0"]) != 0
+    assert "--chunk-ms must be at least one sample" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """`rvqlm train-codec`, `rvqlm reconstruct`, `rvqlm encode`, `rvqlm decode`.
 
     rvqlm train-codec --config recipes/codec_speech.yaml [LightningCLI overrides, --ckpt_path CKPT]
-    rvqlm reconstruct IN.wav OUT.wav --codec DIR [--n-codebooks k]
+    rvqlm reconstruct IN.wav OUT.wav --codec DIR [--n-codebooks k] [--stream [--chunk-ms 20]]
     rvqlm encode IN.wav OUT.rvq --codec DIR [--n-codebooks k]
     rvqlm decode IN.rvq OUT.wav --codec DIR
 """
@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from rvqlm_core.weight_dtype import STORAGE_DTYPES
 
@@ -38,6 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", help="audio file (any format libsndfile reads; resampled to the codec's rate)")
     p.add_argument("output", help="output audio file (format from the suffix, e.g. .wav, .flac)")
     _common(p)
+    p.add_argument("--stream", action="store_true",
+                   help="run the streaming encoder and decoder on chunks as live audio would come, and print "
+                        "each chunk's compute time against its duration (same output, within 1e-5)")
+    p.add_argument("--chunk-ms", type=float, default=20.0, metavar="MS",
+                   help="with --stream: chunk length in milliseconds (default 20)")
     p.set_defaults(func=_reconstruct)
 
     p = sub.add_parser("encode", help="audio file -> .rvq codes file")
@@ -97,13 +103,40 @@ def _reconstruct(args: argparse.Namespace) -> int:
 
     codec = _load(args)
     wav = _read_audio(args.input, codec)  # [C, S]
-    codes = codec.encode(wav[None], n_q=args.n_codebooks)
-    out = codec.decode(codes)[0, :, : wav.shape[-1]]
+    k = args.n_codebooks or codec.n_codebooks
+    if args.stream:
+        out = _reconstruct_streaming(codec, wav, args.chunk_ms, k)
+    else:
+        out = codec.decode(codec.encode(wav[None], n_q=k))[0, :, : wav.shape[-1]]
     save_audio(args.output, out, codec.sample_rate)
-    k = codes.shape[1]
     print(f"{args.output}: {wav.shape[-1] / codec.sample_rate:.2f} s through {k} codebooks "
           f"({codec.bitrate_kbps(k):.2f} kbps)")
     return 0
+
+
+def _reconstruct_streaming(codec, wav, chunk_ms: float, n_q: int):
+    """wav [C, S] through the streaming codec in chunks of chunk_ms; prints the compute per chunk -> [C, S]."""
+    import statistics
+
+    import torch
+
+    from codec.streaming import StreamingDecoder, stream_roundtrip
+
+    if not (math.isfinite(chunk_ms) and round(chunk_ms * codec.sample_rate / 1000) >= 1):
+        raise ValueError(f"--chunk-ms must be at least one sample ({1000 / codec.sample_rate:.3f} ms), got {chunk_ms}")
+    chunk = round(chunk_ms * codec.sample_rate / 1000)
+    out, times = stream_roundtrip(codec, wav[None], chunk, n_q=n_q)
+    ms = sorted(1000 * (t.encode + t.decode) for t in times)
+    cpu = sorted(1000 * (t.encode_cpu + t.decode_cpu) for t in times)
+    p95 = ms[min(len(ms) - 1, math.ceil(0.95 * len(ms)) - 1)]
+    duration = wav.shape[-1] / codec.sample_rate
+    decoder = StreamingDecoder(codec)
+    print(f"streamed {len(ms)} chunks of {1000 * chunk / codec.sample_rate:.1f} ms on {torch.get_num_threads()} "
+          f"thread(s): compute per chunk median {statistics.median(ms):.2f} ms, p95 {p95:.2f} ms, max {ms[-1]:.2f} ms "
+          f"(CPU time median {statistics.median(cpu):.2f} ms); real-time factor {sum(ms) / 1000 / duration:.3f}; "
+          f"algorithmic latency {decoder.latency_ms:.1f} ms (frame {1000 * codec.hop_length / codec.sample_rate:.1f} "
+          f"ms + decoder look-ahead {1000 * decoder.lookahead_samples / codec.sample_rate:.1f} ms)")
+    return out[0]
 
 
 def _encode(args: argparse.Namespace) -> int:
