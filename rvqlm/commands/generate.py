@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step (slow; a check)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--stream", action="store_true",
+                   help="write the continuation's wav while it is generated, a valid file at every moment that a "
+                        "player can follow (rvqlm/stream_generate.py); same codes as without it")
     p.set_defaults(func=_generate)
 
 
@@ -172,6 +175,11 @@ def _generate(args: argparse.Namespace) -> int:
         prompt = torch.zeros(args.num_samples, codec.n_codebooks, 0, dtype=torch.long, device=codec.device)
     t0 = prompt.shape[-1]
     new_frames = max(1, round(args.seconds * codec.frame_rate))
+    if args.stream:
+        from rvqlm.stream_generate import generate_streaming
+
+        return generate_streaming(args, lm_model, codec, prompt, new_frames,
+                                  output_paths(args.out, args.num_samples, args.prompt is not None))
 
     start = time.perf_counter()
     conditions = {} if lm_model.cfg.condition is None else {"text": args.text, "speaker": args.speaker,

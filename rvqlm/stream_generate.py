@@ -1,0 +1,179 @@
+"""`rvqlm generate --stream`: the continuation's audio is written while the LM generates it.
+
+Each LM step completes at most one frame (codebook k of frame t is placed at step t + delay_k). The
+prompt's frames, then each new frame, go through a `codec.streaming.StreamingDecoder`, and the audio
+it makes final is appended to the continuation's wav (`GrowingWav`), so the file grows by about a
+frame per step, one decoder latency behind the LM. The codes are `lm.generate.generate`'s for the same
+arguments and seed (the same plan, steps and sampler); the audio is `Codec.decode`'s within float
+rounding. The prompt + continuation file (`.full.wav`) is written atomically at the end, as without
+--stream.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from rvqlm_core.atomic import atomic_write_bytes
+
+
+class GrowingWav:
+    """A 16-bit PCM wav that is a valid, complete file at every moment while it grows.
+
+    The file starts as a header with no samples (written atomically); `append` writes the samples
+    after the data, then rewrites the header's two sizes in one 44-byte write, so a reader never
+    meets a header that promises samples not yet there. Samples are clipped to [-1, 1] and rounded
+    as `codec.audio.save_audio` does (libsndfile 1.2: floor(x * 32768), 1.0 clipped to 32767).
+    """
+
+    def __init__(self, path: str | Path, sample_rate: int, channels: int):
+        self.path, self.sample_rate, self.channels = Path(path), sample_rate, channels
+        self.frames = 0
+        atomic_write_bytes(self.path, self._header())
+        self.file = open(self.path, "r+b")  # noqa: SIM115 - held open while the file grows, closed in close()
+
+    def _header(self) -> bytes:
+        data = self.frames * self.channels * 2
+        return struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + data, b"WAVE", b"fmt ", 16, 1, self.channels,
+                           self.sample_rate, self.sample_rate * self.channels * 2, self.channels * 2, 16,
+                           b"data", data)
+
+    def append(self, wav: Tensor) -> None:
+        """wav [C, S] float -> S more frames in the file."""
+        if wav.dim() != 2 or wav.shape[0] != self.channels:
+            raise ValueError(f"{self.path}: expected [{self.channels}, S] samples, got {tuple(wav.shape)}")
+        if not torch.isfinite(wav).all():
+            raise ValueError(f"{self.path}: refusing to write NaN or infinite samples")
+        if wav.shape[-1] == 0:
+            return
+        pcm = torch.floor(wav.detach().to("cpu", torch.float32).clamp(-1, 1) * 32768).clamp(-32768, 32767)
+        pcm = pcm.to(torch.int16)
+        self.file.seek(44 + self.frames * self.channels * 2)
+        self.file.write(pcm.t().contiguous().numpy().tobytes())
+        self.file.flush()
+        self.frames += wav.shape[-1]
+        self.file.seek(0)
+        self.file.write(self._header())
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def frames_of(seq: Tensor, delays: list[int], start: int, stop: int) -> Tensor:
+    """Frames start..stop-1 of a pattern sequence seq [B, N_c, S] -> codes [B, N_c, stop - start]."""
+    return torch.stack([seq[:, k, start + d: stop + d] for k, d in enumerate(delays)], dim=1)
+
+
+def generate_frames(model, prompt: Tensor, max_new_frames: int, on_frames: Callable[[Tensor, Tensor], None], *,
+                    text=None, speaker=None, cfg_scale: float | None = None, temperature: float = 1.0,
+                    top_k: int | None = None, top_p: float | None = None, greedy: bool = False,
+                    seed: int | None = None, use_cache: bool = True) -> Tensor:
+    """`lm.generate.generate(model, prompt [B, N_c, T0], max_new_frames, ...)` calling
+    `on_frames(codes [B, N_c, n], ends [B])` with the prompt's frames, then with each frame as it is
+    complete (0 past a row's end; ends: each row's length so far known, prompt included) -> lengths [B]."""
+    from lm.generate import _bind_conditions, iter_decode, make_generator, plan_generation
+    from lm.sampling import check_sampling_args, sample_next
+
+    check_sampling_args(temperature, top_k, top_p, greedy)
+    plan = plan_generation(model, prompt.to(model.device), max_new_frames)
+    choose = partial(sample_next, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                     generator=make_generator(seed, model.device))
+    delays, total = model.pattern.delays(), plan.prompt_frames + plan.new_frames
+    full = torch.full((prompt.shape[0],), total, dtype=torch.long, device=plan.seq.device)
+
+    def emit(start: int, stop: int) -> None:
+        ends = full if plan.end is None else plan.end.ends
+        past = torch.arange(start, stop, device=ends.device)[None, :] >= ends[:, None]
+        on_frames(frames_of(plan.seq, delays, start, stop).masked_fill(past[:, None, :], 0), ends.clone())
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            emit(0, plan.prompt_frames)
+            decoder = model if model.cfg.condition is None else _bind_conditions(model, text, speaker, cfg_scale, plan)
+            done = plan.prompt_frames
+            for step in iter_decode(decoder, plan, choose, use_cache=use_cache):
+                ready = min(step.step - max(delays) + 1, total)
+                if ready > done:
+                    emit(done, ready)
+                    done = ready
+            last = total if plan.end is None else int(plan.end.ends.max())
+            if last > done:
+                emit(done, last)
+    finally:
+        model.train(was_training)
+    return full if plan.end is None else plan.end.ends.clone()
+
+
+class ContinuationWriter:
+    """Decodes frames as they come and appends each row's continuation to its GrowingWav (one per
+    row), from the prompt's end to the row's end; keeps all audio for the .full files."""
+
+    def __init__(self, codec, paths: list[Path], prompt_frames: int):
+        self.codec, self.prompt_samples = codec, prompt_frames * codec.hop_length
+        self.decoder = codec.streaming_decoder()
+        self.files = [GrowingWav(p, codec.sample_rate, codec.channels) for p in paths]
+        self.parts: list[Tensor] = []
+        self.emitted = 0
+        self.first_audio: float | None = None  # perf_counter time the continuation's first samples were written
+
+    def frames(self, codes: Tensor, ends: Tensor) -> None:
+        self._write(self.decoder.push(codes), ends)
+
+    def finish(self, ends: Tensor) -> Tensor:
+        """Flush the decoder, close the files -> all audio [B, C, frames * hop] (prompt included)."""
+        self._write(self.decoder.flush(), ends)
+        for f in self.files:
+            f.close()
+        return torch.cat(self.parts, dim=-1)
+
+    def _write(self, audio: Tensor, ends: Tensor) -> None:
+        a, b = self.emitted, self.emitted + audio.shape[-1]
+        self.parts.append(audio.cpu())
+        for row, f in enumerate(self.files):
+            lo, hi = max(a, self.prompt_samples), min(b, int(ends[row]) * self.codec.hop_length)
+            if hi > lo:
+                f.append(audio[row, :, lo - a: hi - a])
+                if self.first_audio is None:
+                    self.first_audio = time.perf_counter()
+        self.emitted = b
+
+
+def generate_streaming(args, lm_model, codec, prompt: Tensor, new_frames: int, paths: list) -> int:
+    """`rvqlm generate --stream` from the parsed args: generate, write while generating, report."""
+    from codec.audio import save_audio
+
+    t0 = prompt.shape[-1]
+    conditions = {} if lm_model.cfg.condition is None else {"text": args.text, "speaker": args.speaker,
+                                                             "cfg_scale": args.cfg}
+    writer = ContinuationWriter(codec, [p.continuation for p in paths], t0)
+    for p in paths:
+        print(f"streaming to {p.continuation} (valid at every moment; follow it with a player)", file=sys.stderr)
+    start = time.perf_counter()
+    lengths = generate_frames(lm_model, prompt, new_frames, writer.frames, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed,
+                              use_cache=not args.no_cache, **conditions)
+    wav = writer.finish(lengths)
+    elapsed = time.perf_counter() - start
+    hop, rate = codec.hop_length, codec.frame_rate
+    for p, sample, n in zip(paths, wav, lengths.tolist()):
+        stopped = "" if n == t0 + new_frames else ", stopped at its end-of-audio token"
+        print(f"wrote {p.continuation} ({(n - t0) / rate:.2f} s continuation{stopped})")
+        if p.full is not None:
+            save_audio(p.full, sample[:, :n * hop], codec.sample_rate)
+            print(f"wrote {p.full} ({n / rate:.2f} s prompt + continuation)")
+    made = max(int(lengths.max()) - t0, 1)
+    first = "no audio" if writer.first_audio is None else f"{1000 * (writer.first_audio - start):.0f} ms"
+    print(f"generated {len(paths)} x {made} frames in {elapsed:.2f} s while writing them: first audio after {first}, "
+          f"real-time factor {elapsed * rate / made:.3f} (< 1: the file grows faster than it plays); decoder "
+          f"latency {writer.decoder.latency_ms:.0f} ms")
+    return 0
