@@ -67,21 +67,29 @@ def _make_long(folder: Path, corpus: Path, hours: float, sample_rate: int) -> No
 _CASE = """
 import json, os, resource, sys, tempfile, time
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")  # as `rvqlm tokenize` does
-import torch
-from codec.distributed_tokenize import Launch, tokenize
-from codec.model import Codec
-from codec.tokenize import TokenizeSettings
-launch = Launch.from_env()
-if {threads!r}:
-    torch.set_num_threads(max(1, {threads!r} // launch.local_world))
-codec = Codec.from_pretrained({codec!r})
-s = tokenize({audio!r}, {out!r}, codec, TokenizeSettings(workers={workers!r}, batch_seconds={batch!r},
-             progress=False), launch)
-self_, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-print("CASE " + json.dumps(dict(rank=launch.rank, cpu_s=self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime,
-                                files=s.files_tokenized, failed=s.files_failed, audio_s=s.audio_seconds,
-                                wall_s=s.wall_seconds, threads=torch.get_num_threads(),
-                                rss_main_mb=self_.ru_maxrss / 1024, rss_worker_mb=kids.ru_maxrss / 1024)))
+
+
+def main():  # spawned decoding workers import this file: only run it as the script
+    import torch
+    from codec.distributed_tokenize import Launch, tokenize
+    from codec.model import Codec
+    from codec.tokenize import TokenizeSettings
+    launch = Launch.from_env()
+    if {threads!r}:
+        torch.set_num_threads(max(1, {threads!r} // launch.local_world))
+    codec = Codec.from_pretrained({codec!r})
+    s = tokenize({audio!r}, {out!r}, codec, TokenizeSettings(workers={workers!r}, batch_seconds={batch!r},
+                 progress=False), launch)
+    self_, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    report = dict(rank=launch.rank, cpu_s=self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime,
+                  files=s.files_tokenized, failed=s.files_failed, audio_s=s.audio_seconds, wall_s=s.wall_seconds,
+                  threads=torch.get_num_threads(), rss_main_mb=self_.ru_maxrss / 1024,
+                  rss_worker_mb=kids.ru_maxrss / 1024)
+    sys.stdout.write("CASE " + json.dumps(report) + "\\n")  # one write: ranks share torchrun's unbuffered stdout
+
+
+if __name__ == "__main__":
+    main()
 """
 
 
@@ -124,6 +132,9 @@ def _same_tokens(a: Path, b: Path) -> str:
 def _print_ranks(one: dict, many: list[dict], same: str) -> None:
     """The one-process run of case (a) against the same files by len(many) ranks."""
     ranks = len(many)
+    if one["threads"] != many[0]["threads"]:
+        same += (f" (torch threads differ, {one['threads']} against {many[0]['threads']} per rank: the thread count "
+                 "alone can change rare codes; --threads 1 compares like with like)")
     print(f"\n(a) by 1 process and by {ranks} torchrun ranks (wall: tokenize() call, rank 0 until the merge; "
           f"with start: the whole command); tokens equal: {same}")
     print("| run | files | wall (s) | files/s | x real time | wall with start (s) | audio s per CPU s | threads "
