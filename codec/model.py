@@ -194,11 +194,11 @@ class Codec(nn.Module):
 
         return StreamingEncoder(self, n_q=n_q)
 
-    def streaming_decoder(self):
+    def streaming_decoder(self, exact: bool = False):
         """A `codec.streaming.StreamingDecoder`: codes frame by frame -> audio as soon as it is final."""
         from codec.streaming import StreamingDecoder
 
-        return StreamingDecoder(self)
+        return StreamingDecoder(self, exact=exact)
 
     def _check_wav(self, wav: torch.Tensor) -> None:
         if not isinstance(wav, torch.Tensor):

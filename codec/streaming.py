@@ -19,7 +19,8 @@ are `Codec.encode`'s bit for bit wherever that pass takes them too: at batch > 1
 every convolution's input holds over 20480 values (3.1 s for the shipped codec), except the last
 few frames (where the offline pass computes elementwise functions in scalar code). Elsewhere they
 agree to ~1e-7, and the codes, nearest codebook vectors, still agree unless two lie within that of
-a tie (none in the tests). On the GPU no kernel is pinned.
+a tie (none in the tests). On the GPU no kernel is pinned. The decoder, which owes only 1e-5, runs
+plain kernels unless built with `exact=True` (then about twice the compute per frame).
 
 Latency: a frame's codes exist once its last sample has arrived (the causal encoder has no
 look-ahead). The SEANet decoder's output for a frame is final at once; the iSTFT decoder's
@@ -223,6 +224,7 @@ class StreamingDecoder:
     lookahead_samples: how far behind the codes the audio is (0 for SEANet, n_fft / 2 for iSTFT);
     latency_samples = hop_length + lookahead_samples: from a sample entering a streaming encoder
     to its reconstruction leaving this decoder, compute time aside.
+    exact: run the offline pass's kernels (see the module docstring); default plain, faster ones.
     """
 
     def __init__(self, codec, exact: bool = False):
