@@ -28,23 +28,30 @@ MODEL_20M = dict(n_codebooks=8, codebook_size=1024, d_model=384, n_layers=8, n_h
                  norm="rmsnorm", pos="rope", pattern="delay", max_seq_len=1536)
 
 
-def build(frames: int) -> MultiCodebookLM:
-    cfg = LMConfig(**MODEL_20M)
+def build(frames: int, **overrides) -> MultiCodebookLM:
+    """The benchmark's ~20M-parameter LM (`overrides`: LMConfig fields, e.g. a tiny model for checks)."""
+    cfg = LMConfig(**{**MODEL_20M, **overrides})
     if frames > cfg.max_frames:
         raise SystemExit(f"--frames must be <= {cfg.max_frames} for this model")
     return MultiCodebookLM(cfg)
 
 
 def time_steps(frames: int, batch: int, threads: int, precision: str, compile_model: bool, warmup: int,
-               steps: int, seed: int = 0) -> dict:
+               steps: int, seed: int = 0, *, device: str = "cpu", model: dict | None = None,
+               peak_dtype: torch.dtype = torch.float32, peak_n: int = 2048, compile_backend: str = "inductor") -> dict:
+    """Median step time, tokens/s and MFU of `build(frames, **model)` on `device`, against the
+    `peak_dtype` matmul peak measured there right before the timed steps."""
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    model = build(frames).train()
+    dev = torch.device(device)
+    model = build(frames, **(model or {})).to(dev).train()
     optimizer = torch.optim.AdamW(decay_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95), fused=True)  # as in training
-    codes = torch.randint(0, 1024, (batch, 8, frames))
-    mask = torch.ones(batch, frames, dtype=torch.bool)
-    loss_fn = torch.compile(model.loss) if compile_model else model.loss
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    cfg = model.cfg
+    codes = torch.randint(0, cfg.codebook_size, (batch, cfg.n_codebooks, frames), device=dev)
+    mask = torch.ones(batch, frames, dtype=torch.bool, device=dev)
+    loss_fn = torch.compile(model.loss, backend=compile_backend) if compile_model else model.loss
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def step() -> float:
         t0 = time.perf_counter()
@@ -54,18 +61,19 @@ def time_steps(frames: int, batch: int, threads: int, precision: str, compile_mo
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        sync()
         return time.perf_counter() - t0
 
     first = [step() for _ in range(warmup)]
-    peak = measure_matmul_peak(torch.float32)  # right before the timed steps, same threads
+    peak = measure_matmul_peak(peak_dtype, n=peak_n, device=dev)  # right before the timed steps, same threads
     times = [step() for _ in range(steps)]
     positions = model.pattern.sequence_length(frames)
     flops = model.flops_per_token(positions) * batch * positions
     dt = statistics.median(times)
     return {"threads": threads, "precision": precision, "compile": compile_model, "params": model.num_parameters(),
             "first_step_s": first[0] if first else float("nan"), "step_s": dt, "step_spread": (min(times), max(times)),
-            "tokens_per_s": batch * frames * 8 / dt, "gflops": flops / dt / 1e9, "peak_gflops": peak / 1e9,
-            "mfu": flops / dt / peak}
+            "tokens_per_s": batch * frames * cfg.n_codebooks / dt, "gflops": flops / dt / 1e9,
+            "peak_gflops": peak / 1e9, "mfu": flops / dt / peak}
 
 
 def main() -> None:

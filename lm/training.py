@@ -45,18 +45,23 @@ from rvqlm_core.rng_state import ResumesRngState
 
 # ---- measurement ------------------------------------------------------------------------------------
 
-def measure_matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int = 5) -> float:
-    """This machine's dense matmul throughput in FLOP/s: the best of `repeats` timed n x n products.
+def measure_matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int = 5,
+                        device: torch.device | str = "cpu") -> float:
+    """This machine's dense matmul throughput in FLOP/s on `device`: the best of `repeats` timed n x n products.
 
-    The reference for MFU. Uses torch's current thread setting, so it measures what training gets.
+    The reference for MFU. Uses torch's current thread setting, so it measures what training gets
+    (on a GPU, take n >= 8192 so one product outlasts its launch).
     """
-    a = torch.randn(n, n, dtype=dtype)
-    b = torch.randn(n, n, dtype=dtype)
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    sync = torch.cuda.synchronize if a.is_cuda else (lambda: None)
     torch.mm(a, b)  # warm-up (allocation, kernel selection)
+    sync()
     best = math.inf
     for _ in range(repeats):
         t0 = time.perf_counter()
         torch.mm(a, b)
+        sync()
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
 
@@ -205,7 +210,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
                                  f"{self.lm_config.max_seq_len} positions (at most {self.lm_config.max_frames} frames)")
             check_conditions(self.lm_config, dm)
         if self.hparams.measure_peak:
-            self.matmul_peak = measure_matmul_peak()
+            self.matmul_peak = measure_matmul_peak(device=self.device)
 
     def on_train_start(self) -> None:
         super().on_train_start()  # the resumed run's RNG state
