@@ -4,7 +4,8 @@ Every reader returns float32 tensors shaped `[C, S]` (channels, samples) at the 
 count the caller asks for (torchaudio resampling, mean downmix / repeat upmix). Every failure a
 user can cause (missing, empty, truncated, non-audio, NaN/inf samples, too long) raises
 `AudioError` whose message starts with the file's path; nothing deeper ever leaks a traceback
-from torch or libsndfile.
+from torch or libsndfile. Without the soundfile package (a stock CUDA PyTorch image) 16-bit PCM
+WAV is still read (codec/pcm_wav.py); other formats, and writing, then name the missing package.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import soundfile as sf
 import torch
 import torchaudio.functional as AF
 
+from codec import pcm_wav
 from rvqlm_core.atomic import atomic_path
 
 #: File suffixes the folder walkers pick up (libsndfile's formats, mp3 included since 1.1).
@@ -55,16 +56,34 @@ def audio_info(path: str | os.PathLike) -> AudioInfo:
         raise AudioError(path, "no such file")
     if path.stat().st_size == 0:
         raise AudioError(path, "empty file (0 bytes)")
-    try:
-        info = sf.info(str(path))
-    except (sf.LibsndfileError, RuntimeError, TypeError) as e:
-        raise AudioError(path, f"not a readable audio file ({_short(e)})") from None
-    if info.frames <= 0:
+    sf = _soundfile()
+    if sf is None:
+        try:
+            rate, channels, frames = pcm_wav.info(path)
+        except ValueError as e:
+            raise AudioError(path, str(e)) from None
+        fmt = "WAV"
+    else:
+        try:
+            info = sf.info(str(path))
+        except (sf.LibsndfileError, RuntimeError, TypeError) as e:
+            raise AudioError(path, f"not a readable audio file ({_short(e)})") from None
+        rate, channels, frames, fmt = info.samplerate, info.channels, info.frames, info.format
+    if frames <= 0:
         raise AudioError(path, "no audio samples (zero-length)")
     check_not_truncated(path)
-    if info.samplerate <= 0 or info.channels <= 0:
-        raise AudioError(path, f"invalid header (rate {info.samplerate}, channels {info.channels})")
-    return AudioInfo(str(path), int(info.samplerate), int(info.channels), int(info.frames), str(info.format))
+    if rate <= 0 or channels <= 0:
+        raise AudioError(path, f"invalid header (rate {rate}, channels {channels})")
+    return AudioInfo(str(path), int(rate), int(channels), int(frames), str(fmt))
+
+
+def _soundfile():
+    """The soundfile module, or None where it (or its libsndfile) is not installed."""
+    try:
+        import soundfile
+    except (ImportError, OSError):
+        return None
+    return soundfile
 
 
 def check_not_truncated(path: str | os.PathLike) -> None:
@@ -208,6 +227,9 @@ def save_audio(path: str | os.PathLike, wav: torch.Tensor, sample_rate: int, sub
     fmt = path.suffix.lstrip(".").upper() or "WAV"
     if subtype is None and fmt == "WAV":
         subtype = "PCM_16"
+    sf = _soundfile()
+    if sf is None:
+        raise RuntimeError(f"{path}: writing audio needs the soundfile package (pip install soundfile)")
     with atomic_path(path) as tmp:
         sf.write(str(tmp), data, sample_rate, subtype=subtype, format=fmt)
     return path
@@ -221,9 +243,14 @@ def _read(path: str | os.PathLike, start: int, frames: int, total: int | None = 
     whose Xing/LAME header gives its length, a FLAC whose STREAMINFO does): AudioError, instead
     of silently returning the part that is left.
     """
+    sf = _soundfile()
+    errors = (RuntimeError, ValueError) if sf is None else (sf.LibsndfileError, RuntimeError, ValueError)
     try:
-        data, _ = sf.read(str(path), start=start, frames=frames, dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, ValueError) as e:
+        if sf is None:
+            data = pcm_wav.read(path, start, frames)
+        else:
+            data, _ = sf.read(str(path), start=start, frames=frames, dtype="float32", always_2d=True)
+    except errors as e:
         raise AudioError(path, f"cannot decode audio ({_short(e)}); the file may be truncated or corrupt") from None
     if data.shape[0] == 0:
         raise AudioError(path, "no audio samples could be decoded (truncated or corrupt)")
