@@ -12,6 +12,11 @@ heads have |V| + 1 outputs and the specials move up by one: end_id = |V|, pad_id
 bos_id = |V| + 2 (see lm.end_of_audio). Without `condition` the ids, the heads and the saved
 config are exactly those of an unconditioned LM.
 
+Families. `family` says which model a config builds: "ar", the decoder-only next-token LM
+(lm.model.MultiCodebookLM), or "masked", the bidirectional masked-token LM (lm.masked_model.MaskedLM,
+parallel pattern only) whose id |V| + 1 is its mask token where an AR LM has bos, and which never
+predicts an end of audio. An "ar" config's saved dict has no `family` key (as before it existed).
+
 Lengths. `max_seq_len` counts model positions, i.e. steps of the codebook pattern: with the
 delay pattern, T frames take T + N_c - 1 positions.
 """
@@ -29,6 +34,7 @@ NORMS = ("rmsnorm", "layernorm")
 FFNS = ("swiglu", "gelu", "relu")
 POSITIONS = ("rope", "sinusoidal", "learned")
 PATTERNS = ("delay", "parallel")
+FAMILIES = ("ar", "masked")
 
 
 @dataclass
@@ -94,6 +100,10 @@ class LMConfig:
     norm_eps: float = 1e-5
     codec_fingerprint: str | None = None  # the codec the training tokens came from
     condition: ConditionConfig | None = None  # None: an unconditioned LM (no encoder, no end-of-audio id)
+    n_experts: int = 0  # 0: a dense FFN; E > 0: a mixture of E experts of the `ffn` kind (lm.moe)
+    moe_top_k: int = 1  # experts per position (softmax over their router logits)
+    moe_aux_weight: float = 0.01  # weight of the load-balancing loss added in training
+    family: str = "ar"  # "ar": next-token decoder; "masked": bidirectional masked-token model (lm.masked_model)
 
     def __post_init__(self) -> None:
         if isinstance(self.condition, dict):
@@ -112,10 +122,19 @@ class LMConfig:
             positive_int("n_kv_heads")
         if self.d_ff is not None:
             positive_int("d_ff")
+        if isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int) or self.n_experts < 0:
+            raise ValueError(f"LMConfig.n_experts must be an integer >= 0 (0: dense FFN), got {self.n_experts!r}")
+        if self.n_experts and not (isinstance(self.moe_top_k, int) and 1 <= self.moe_top_k <= self.n_experts):
+            raise ValueError(f"LMConfig.moe_top_k must be in 1..n_experts={self.n_experts}, got {self.moe_top_k!r}")
+        if not self.moe_aux_weight >= 0:
+            raise ValueError(f"LMConfig.moe_aux_weight must be >= 0, got {self.moe_aux_weight!r}")
         for name, value, allowed in (("norm", self.norm, NORMS), ("ffn", self.ffn, FFNS),
-                                     ("pos", self.pos, POSITIONS), ("pattern", self.pattern, PATTERNS)):
+                                     ("pos", self.pos, POSITIONS), ("pattern", self.pattern, PATTERNS),
+                                     ("family", self.family, FAMILIES)):
             if value not in allowed:
                 raise ValueError(f"LMConfig.{name} must be one of {allowed}, got {value!r}")
+        if self.family == "masked" and self.pattern != "parallel":
+            raise ValueError(f"a masked LM (family 'masked') sees whole frames: set pattern 'parallel', got {self.pattern!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}): "
                              "each head has d_v = d_model / n_heads features")
@@ -140,13 +159,13 @@ class LMConfig:
     # ---- derived sizes -------------------------------------------------------------------------
     @property
     def end_id(self) -> int | None:
-        """The end-of-audio id of a conditioned LM (None without `condition`)."""
-        return None if self.condition is None else self.codebook_size
+        """The end-of-audio id of a conditioned AR LM (None without `condition`, and in a masked LM)."""
+        return None if self.condition is None or self.family != "ar" else self.codebook_size
 
     @property
     def n_outputs(self) -> int:
-        """Logits per head: |V| codes, plus end-of-audio in a conditioned LM."""
-        return self.codebook_size + (self.condition is not None)
+        """Logits per head: |V| codes, plus end-of-audio in a conditioned AR LM."""
+        return self.codebook_size + (self.end_id is not None)
 
     @property
     def pad_id(self) -> int:
@@ -184,10 +203,16 @@ class LMConfig:
 
     # ---- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain JSON values; an unconditioned LM's has no `condition` key (as before it existed)."""
+        """The fields as plain JSON values; an unconditioned LM's has no `condition` key and an AR LM's no
+        `family` key (as before they existed)."""
         out = dataclasses.asdict(self)
         if self.condition is None:
             del out["condition"]
+        if not self.n_experts:  # a dense LM's dict is as before experts existed
+            for key in ("n_experts", "moe_top_k", "moe_aux_weight"):
+                del out[key]
+        if self.family == "ar":
+            del out["family"]
         return out
 
     @classmethod

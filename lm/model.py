@@ -33,12 +33,15 @@ from lm.conditioning import ConditionEncoder, ConditionInputs, condition_inputs
 from lm.config import LMConfig
 from lm.end_of_audio import layout_with_end
 from lm.generate import generate
+from lm.int8 import float_state, head_logits, int8_head_weights, to_int8
 from lm.kv_cache import CrossMemory, KVCache
 from lm.layers import (Block, LayerNorm, LearnedPositions, RMSNorm, SinusoidalPositions, init_std, make_norm,
                        residual_projections)
 from lm.patterns import CodebookPattern, get_pattern
 from lm.rope import RotaryEmbedding
-from rvqlm_core.persistence import FolderFormat, cpu_state, load_state, read_folder, save_folder, stored_state
+from rvqlm_core.persistence import (FolderFormat, dequantized_state, load_state, quantized_state, read_folder,
+                                    save_folder, stored_state)
+from rvqlm_core.weight_dtype import QUANTIZED_DTYPES
 
 # How an LM folder's config.json names its kind: {"model_type": ..., "format_version": 1, "config": {...}}.
 LM_FORMAT = FolderFormat("LM", "model_type", "rvqlm.MultiCodebookLM", 1)
@@ -73,10 +76,15 @@ class MultiCodebookLM(nn.Module):
     save_pretrained / from_pretrained: a folder of config.json + model.safetensors.
     """
 
+    family = "ar"  # the LMConfig.family this class builds (lm.masked_model.MaskedLM: "masked")
+
     def __init__(self, cfg: LMConfig):
         super().__init__()
         if not isinstance(cfg, LMConfig):
             raise TypeError(f"MultiCodebookLM needs an LMConfig, got {type(cfg).__name__}")
+        if cfg.family != self.family:
+            raise ValueError(f"this config is of the {cfg.family!r} LM family, not {self.family!r}: build or load "
+                             "it with lm.load_lm (or the family's class, e.g. lm.masked_model.MaskedLM)")
         self.cfg = cfg
         self.pattern: CodebookPattern = get_pattern(cfg.pattern, cfg.n_codebooks)
         # All N_c tables live in one embedding of N_c * (|V| + 2) rows; codebook c's table is the
@@ -103,6 +111,7 @@ class MultiCodebookLM(nn.Module):
             self.condition_encoder = ConditionEncoder(cfg)
         else:
             self.condition_encoder = None
+        self.int8_head = None  # an int8 LM's heads (lm.int8.to_int8), which then replace head_weight
         self.reset_parameters()
 
     # ---- parameters ------------------------------------------------------------------------------
@@ -137,6 +146,8 @@ class MultiCodebookLM(nn.Module):
 
     def head_weights(self) -> Tensor:
         """[N_c, n_outputs, d]: head c gives logits h @ W[c]^T. Tied: each codebook's table without pad and bos."""
+        if self.int8_head is not None:
+            return int8_head_weights(self.int8_head, self.cfg.n_codebooks)
         if self.head_weight is not None:
             return self.head_weight
         w = rearrange(self.token_embedding.weight, "(c r) d -> c r d", c=self.cfg.n_codebooks)
@@ -156,17 +167,19 @@ class MultiCodebookLM(nn.Module):
         """Training FLOPs (forward + backward) per model position, i.e. per frame of N_c tokens.
 
         6 N for the N parameters used in matrix products (blocks and heads, tied or not; embedding
-        lookups are gathers and cost none), plus the attention scores and weighted values,
+        lookups are gathers and cost none; of a mixture's experts, the k a position runs), plus the attention scores and weighted values,
         12 n_layers d S per position for a context of S (default max_seq_len), as in PaLM's MFU.
         A conditioned LM's cross-attention keys/values and its encoder run per source position,
         not per frame, and are left out (a text is a few hundred bytes, a window hundreds of frames).
         """
         cfg = self.cfg
         s = cfg.max_seq_len if seq_len is None else seq_len
-        matmul_params = sum(p.numel() for name, p in self.blocks.named_parameters()
+        active = cfg.moe_top_k / cfg.n_experts if cfg.n_experts else 1.0  # a position runs k of E experts
+        matmul_params = sum(p.numel() * (active if ".ffn.experts." in name else 1.0)
+                            for name, p in self.blocks.named_parameters()
                             if p.dim() == 2 and ".cross_attn.kv." not in name)
         matmul_params += cfg.n_codebooks * cfg.n_outputs * cfg.d_model
-        return 6 * matmul_params + 12 * cfg.n_layers * cfg.d_model * s
+        return int(6 * matmul_params) + 12 * cfg.n_layers * cfg.d_model * s
 
     @property
     def device(self) -> torch.device:
@@ -235,6 +248,8 @@ class MultiCodebookLM(nn.Module):
         for block in self.blocks:
             h = block(h, rope, cache, mask, memory)
         h = self.final_norm(h)
+        if self.int8_head is not None:
+            return head_logits(self.int8_head, h, cfg.n_codebooks)
         return torch.einsum("bsd,cvd->bcsv", h, self.head_weights().to(h.dtype))
 
     def _forward_past_sink_window(self, tokens: Tensor, cache: KVCache, memory: CrossMemory | None) -> Tensor:
@@ -386,13 +401,26 @@ class MultiCodebookLM(nn.Module):
         """Write folder `path`: config.json ({"model_type", "format_version", "config": the LMConfig})
         and model.safetensors (the weights, with the config in their metadata), replacing the folder
         atomically (see rvqlm_core.persistence). dtype: store floating-point weights as "float16" or
-        "bfloat16" (None / "float32": exactly); `from_pretrained` loads them back as float32."""
-        return save_folder(path, LM_FORMAT, {"config": self.cfg.to_dict()}, stored_state(cpu_state(self), dtype))
+        "bfloat16" (None / "float32": exactly); `from_pretrained` loads them back as float32. "int8": int8
+        weights with per-row scales, loaded as an inference-only int8 LM (lm.int8); an int8 LM saves
+        its weights as stored (any other dtype: dequantized)."""
+        state = float_state(self)
+        if dtype in QUANTIZED_DTYPES:
+            return save_folder(path, LM_FORMAT, {"config": self.cfg.to_dict(), "weight_dtype": dtype},
+                               quantized_state(state, lambda name: True))
+        return save_folder(path, LM_FORMAT, {"config": self.cfg.to_dict()}, stored_state(state, dtype))
 
     @classmethod
     def from_pretrained(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "MultiCodebookLM":
         """Load a folder written by save_pretrained. Raises FileNotFoundError / ValueError with the reason."""
         config, tensors = read_folder(path, LM_FORMAT, map_location)
+        weight_dtype = config.get("weight_dtype", "float")
+        state, pairs = dequantized_state(tensors)
+        if weight_dtype not in ("float", *QUANTIZED_DTYPES) or bool(pairs) != (weight_dtype == "int8"):
+            raise ValueError(f"{path}: weight_dtype {weight_dtype!r} does not describe its weights "
+                             f"({len(pairs)} int8 tensors); export the LM again")
         model = cls(LMConfig.from_dict(config.get("config")))
-        load_state(model, tensors, path)
+        load_state(model, state, path)
+        if pairs:
+            to_int8(model, pairs)
         return model.to(map_location)

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from lm.config import LMConfig
 from lm.data import TokenDataModule, TokenFiles, ValidWindows
 from lm.model import MultiCodebookLM
+from lm.moe import moe_aux_loss
 from lm.warm_start import warm_start
 from rvqlm_core.atomic import atomic_path
 from rvqlm_core.rng_state import ResumesRngState
@@ -164,6 +165,8 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         speakers: the speaker table of a conditioned LM whose config lists none (linked from the data).
     """
 
+    model_class: type = MultiCodebookLM  # a subclass training another LM family builds its own
+
     def __init__(self, config: LMConfig, n_codebooks: int | None = None, codebook_size: int | None = None,
                  codec_fingerprint: str | None = None, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
                  adam_eps: float = 1e-8, weight_decay: float = 0.1, warmup_steps: int = 100,
@@ -185,7 +188,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters(ignore=["config", "n_codebooks", "codebook_size", "codec_fingerprint", "speakers"])
         self.hparams["config"] = self.lm_config.to_dict()  # complete, as LightningCLI re-reads it on resume
-        self.model = MultiCodebookLM(self.lm_config)
+        self.model = self.model_class(self.lm_config)
         self._fresh: list[str] = []  # parameters init_from left at their initialisation
         if init_from is not None:
             self._load_initial_weights(init_from)
@@ -219,7 +222,11 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         out = self.model.loss(batch["codes"], batch["frame_mask"], **batch_conditions(self.model, batch))
         self._log_losses("train", out.nll_sum.detach(), out.count, loss=out.loss.detach())
-        return out.loss
+        aux = moe_aux_loss(self.model)  # a mixture of experts' load balance (lm.moe), weighted by the config
+        if aux is None:
+            return out.loss
+        self.log("train/moe_aux", aux.detach(), on_step=True, on_epoch=False)
+        return out.loss + self.lm_config.moe_aux_weight * aux
 
     def on_train_batch_end(self, outputs, batch: dict[str, Tensor], batch_idx: int) -> None:
         now = time.perf_counter()
@@ -416,8 +423,9 @@ class LMTrainingCLI(LightningCLI):
                                            init_args=Namespace(save_dir=str(run_dir), name="logs"))
 
 
-def train_main(args: Sequence[str] | None = None) -> int:
-    """`rvqlm train-lm ARGS`: LightningCLI `fit` with ARGS (e.g. --config recipes/lm_tiny.yaml).
+def train_main(args: Sequence[str] | None = None, module: type = LMTrainingModule) -> int:
+    """`rvqlm train-lm ARGS`: LightningCLI `fit` with ARGS (e.g. --config recipes/lm_tiny.yaml); `module`:
+    the LightningModule (lm.masked_training's for `rvqlm train-masked-lm`).
 
     sys.argv is left alone: Lightning's DDP launcher re-runs it to start the other ranks.
     """
@@ -426,7 +434,7 @@ def train_main(args: Sequence[str] | None = None) -> int:
         args = args[1:]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within")
-        LMTrainingCLI(LMTrainingModule, TokenDataModule, args=["fit", *args],
+        LMTrainingCLI(module, TokenDataModule, args=["fit", *args],
                       save_config_kwargs={"overwrite": True},
                       trainer_defaults={"plugins": [{"class_path": "lm.training.AtomicCheckpointIO"}]},
                       parser_kwargs={"fit": {"default_env": False}})
