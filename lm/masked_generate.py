@@ -1,0 +1,213 @@
+"""Iterative parallel decoding of a MaskedLM (MaskGIT's, level by level as SoundStorm decodes RVQ codes).
+
+Every frame after the prompt starts masked at every level. Level q = 0, 1, ... gets S_q steps;
+at each step the model reads the whole window once, a code is sampled at every still-hidden
+position of level q (temperature, top-k, top-p: lm.sampling), the most confident of them are
+kept (confidence: the sampled code's log-probability) and the others stay masked. How many stay
+masked after step i of n hidden frames is n cos(pi/2 (i + 1) / S_q) (the cosine schedule of
+training, at least one code fixed per step, none left after the last: `unmask_schedule`). Prompt
+frames are never changed, and levels finer than q stay masked until their turn, as in training.
+
+A continuation longer than one window (LMConfig.max_frames) is made in chunks: each later chunk
+sees the last `context` frames made so far as its prompt and fills the rest of its window, so
+the number of sequential model calls is chunks x sum(S_q).
+
+A conditioned masked LM reads a text and a speaker with classifier-free guidance (lm.guidance's
+rule: uncond + s (cond - uncond), both halves in one batched pass).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from lm.generate import check_prompt, make_generator
+from lm.kv_cache import CrossMemory
+from lm.sampling import check_sampling_args, filter_logits, sample_next
+
+DEFAULT_STEPS = (16, 4, 2, 1, 1, 1, 1, 1)
+
+
+def steps_per_level(steps: Sequence[int] | str | None, n_codebooks: int) -> list[int]:
+    """Steps for each of the N_c levels: the given ones (a list, or "16,4,2,1"), the levels after them
+    1 step each; None: DEFAULT_STEPS. ValueError in one line for an empty list, a count < 1, or more
+    entries than levels."""
+    if steps is None:
+        steps = DEFAULT_STEPS[:n_codebooks]
+    if isinstance(steps, str):
+        try:
+            steps = [int(s) for s in steps.split(",")] if steps.strip() else []
+        except ValueError:
+            raise ValueError(f"steps must be comma-separated integers such as 16,4,2,1, got {steps!r}") from None
+    steps = list(steps)
+    if not steps:
+        raise ValueError("steps must name at least one level's step count, e.g. 16,4,2,1")
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in steps):
+        raise ValueError(f"every level needs at least 1 step, got {steps}")
+    if len(steps) > n_codebooks:
+        raise ValueError(f"{len(steps)} step counts for a model of {n_codebooks} levels (codebooks): give at most "
+                         f"{n_codebooks}")
+    return steps + [1] * (n_codebooks - len(steps))
+
+
+def unmask_schedule(n: int, steps: int) -> list[int]:
+    """How many of n hidden codes each of `steps` steps fixes: after step i, floor(n cos(pi/2 (i+1)/steps))
+    stay hidden, but every step fixes at least one while any is hidden and the last step fixes the rest."""
+    fixed, hidden = [], n
+    for i in range(steps):
+        target = 0 if i == steps - 1 else math.floor(n * math.cos(math.pi / 2 * (i + 1) / steps))
+        target = max(min(target, hidden - 1), 0)
+        fixed.append(hidden - target)
+        hidden = target
+    return fixed
+
+
+@dataclass
+class MaskedStep:
+    """One decoding step: `chunk`, `level`, `step` (within the level), `fixed` codes fixed in each row,
+    `hidden` [B, W] bool the positions of the level still masked after it, `start` the chunk's first frame."""
+
+    chunk: int
+    level: int
+    step: int
+    fixed: int
+    hidden: Tensor
+    start: int
+
+
+class _Decoder:
+    """The model with its conditions bound: tokens [B, N_c, W], level -> logits [B, W, |V|] (guided)."""
+
+    def __init__(self, model, text, speaker, cfg_scale: float | None, batch_size: int):
+        self.model = model
+        self.memory: CrossMemory | None = None
+        self.scale = 1.0
+        if model.cfg.condition is None:
+            if text is not None or speaker is not None or cfg_scale is not None:
+                raise ValueError("this masked LM is not conditioned: text, speaker and cfg_scale need an LM trained "
+                                 "with LMConfig.condition")
+            return
+        given = text is not None or speaker is not None
+        self.scale = float(cfg_scale if cfg_scale is not None else 3.0 if given else 1.0)
+        if not self.scale >= 0 or math.isinf(self.scale):
+            raise ValueError(f"the guidance scale (cfg) must be a finite number >= 0, got {cfg_scale!r}")
+        inputs = model.condition_inputs(text, speaker, batch_size)
+        if self.scale != 1.0:  # rows 0..B-1 conditional, B..2B-1 the null conditions
+            inputs = inputs.cat(model.condition_encoder.null_inputs(batch_size))
+        self.memory = model.cross_memory(inputs)
+
+    def __call__(self, tokens: Tensor, level: int) -> Tensor:
+        if self.memory is None or self.scale == 1.0:
+            return self.model(tokens, memory=self.memory, level=level)[:, 0]
+        cond, uncond = self.model(torch.cat([tokens, tokens]), memory=self.memory, level=level)[:, 0].chunk(2)
+        return uncond + self.scale * (cond - uncond)
+
+
+def chunk_starts(prompt_frames: int, total: int, window: int, context: int) -> list[tuple[int, int, int]]:
+    """The chunks of a continuation: (first frame of the window, frames known in it, window end)."""
+    chunks, done = [], prompt_frames
+    while done < total:
+        start = 0 if total <= window else max(0, done - context)
+        end = min(start + window, total)
+        chunks.append((start, done - start, end))
+        done = end
+    return chunks
+
+
+def iter_masked_decode(model, codes: Tensor, prompt_frames: int, steps: list[int], choose, decoder: _Decoder,
+                       context: int) -> Iterator[MaskedStep]:
+    """Fill codes [B, N_c, T] (prompt frames in place) chunk by chunk, level by level; yields every step."""
+    b, n_c, total = codes.shape
+    window = model.cfg.max_frames
+    for c, (start, known, end) in enumerate(chunk_starts(prompt_frames, total, window, context)):
+        tokens = codes[..., start:end].clone()
+        tokens[..., known:] = model.mask_id
+        for q in range(n_c):
+            hidden = torch.zeros(b, end - start, dtype=torch.bool, device=codes.device)
+            hidden[:, known:] = True
+            for i, n_fix in enumerate(unmask_schedule(end - start - known, steps[q])):
+                logits = decoder(tokens, q)[:, known:]  # [B, n, |V|]
+                sampled, confidence = choose(logits)
+                confidence = confidence.masked_fill(~hidden[:, known:], -math.inf)
+                keep = confidence.topk(n_fix, dim=1).indices + known  # [B, n_fix], frames of the window
+                tokens[:, q].scatter_(1, keep, sampled.gather(1, keep - known))
+                hidden.scatter_(1, keep, False)
+                yield MaskedStep(chunk=c, level=q, step=i, fixed=n_fix, hidden=hidden.clone(), start=start)
+        codes[..., start + known:end] = tokens[..., known:]
+
+
+def _chooser(temperature: float, top_k: int | None, top_p: float | None, greedy: bool,
+             generator: torch.Generator | None):
+    """logits [B, n, |V|] -> (codes [B, n], confidence [B, n]: the code's log-probability where it was drawn)."""
+    def choose(logits: Tensor) -> tuple[Tensor, Tensor]:
+        filtered = logits.float() if greedy else filter_logits(logits, temperature, top_k, top_p)
+        codes = sample_next(logits, temperature, top_k, top_p, greedy=greedy, generator=generator)
+        return codes, filtered.log_softmax(dim=-1).gather(-1, codes[..., None])[..., 0]
+    return choose
+
+
+def generate_masked(model, prompt_codes: Tensor | None, max_new_frames: int, *, steps=None,
+                    temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                    greedy: bool = False, generator: torch.Generator | None = None, seed: int | None = None,
+                    batch_size: int = 1, context: int | None = None, text=None, speaker=None,
+                    cfg_scale: float | None = None, progress: bool = False,
+                    on_step=None) -> Tensor:
+    """Continue `prompt_codes` [B, N_c, T0] (None: B = batch_size rows from nothing) by max_new_frames
+    frames -> codes [B, N_c, T0 + n], the prompt copied unchanged.
+
+    steps: per level (`steps_per_level`; default 16, 4, 2, 1, ...). Sampling as lm.sampling, reproducible
+    with `generator` or `seed`. context: frames of the past a later chunk sees (default half a window).
+    text, speaker, cfg_scale: a conditioned masked LM's (as lm.generate). on_step: called with each
+    MaskedStep. progress: a tqdm bar over the model calls."""
+    check_sampling_args(temperature, top_k, top_p, greedy)
+    cfg, device = model.cfg, model.device
+    level_steps = steps_per_level(steps, cfg.n_codebooks)
+    if prompt_codes is None:
+        prompt_codes = torch.zeros(batch_size, cfg.n_codebooks, 0, dtype=torch.long)
+    check_prompt(model, prompt_codes)
+    if isinstance(max_new_frames, bool) or not isinstance(max_new_frames, int) or max_new_frames < 0:
+        raise ValueError(f"max_new_frames must be an integer >= 0, got {max_new_frames!r}")
+    window = cfg.max_frames
+    context = window // 2 if context is None else context
+    if not 0 <= context < window:
+        raise ValueError(f"context must be in 0..{window - 1} frames (the window is {window}), got {context}")
+    b, _, t0 = prompt_codes.shape
+    codes = torch.zeros(b, cfg.n_codebooks, t0 + max_new_frames, dtype=torch.long, device=device)
+    codes[..., :t0] = prompt_codes.to(device)
+    generator = generator if generator is not None else make_generator(seed, device)
+    was_training = model.training
+    model.eval()
+    n_calls = len(chunk_starts(t0, t0 + max_new_frames, window, context)) * sum(level_steps)
+    bar = _bar(n_calls, progress)
+    try:
+        with torch.inference_mode():
+            decoder = _Decoder(model, text, speaker, cfg_scale, b)
+            choose = _chooser(temperature, top_k, top_p, greedy, generator)
+            for step in iter_masked_decode(model, codes, t0, level_steps, choose, decoder, context):
+                if on_step is not None:
+                    on_step(step)
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        model.train(was_training)
+    return codes
+
+
+def model_calls(prompt_frames: int, new_frames: int, window: int, steps: list[int], context: int | None = None) -> int:
+    """Sequential model calls generate_masked makes for this request (chunks x sum of the steps)."""
+    context = window // 2 if context is None else context
+    return len(chunk_starts(prompt_frames, prompt_frames + new_frames, window, context)) * sum(steps)
+
+
+def _bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="call", desc="masked decode", dynamic_ncols=True, mininterval=0.5)
