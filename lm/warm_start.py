@@ -21,6 +21,8 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from lm.int8 import refuse_training
+
 FRESH_IN_CONDITIONED = ("condition_encoder.", ".cross_attn.", ".cross_norm.")
 
 
@@ -35,7 +37,8 @@ def architecture_differences(mine, theirs) -> list[str]:
 def warm_start(model: nn.Module, start: nn.Module, source: str) -> list[str]:
     """Load the weights of LM `start` into LM `model` (see the module docstring); returns the names
     of the tensors that kept their fresh initialisation. ValueError naming `source` and every
-    difference when the two cannot be paired."""
+    difference when the two cannot be paired, or `source` alone when it is an int8 (inference-only) LM."""
+    refuse_training(start, f"init_from {source}:")
     differ = architecture_differences(model.cfg, start.cfg)
     if not differ:
         model.load_state_dict(start.state_dict())

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
 
 from rvqlm_core.atomic import refuse_foreign_folder, usual_permissions
-from rvqlm_core.weight_dtype import loads_as, storage_dtype
+from rvqlm_core.weight_dtype import INT8_SCALE_SUFFIX, dequantize_rows, loads_as, quantize_rows, storage_dtype
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -153,3 +153,34 @@ def load_state(model: nn.Module, found: dict[str, torch.Tensor], source: str | o
         raise ValueError(f"{source} does not match its {CONFIG_FILE}: " + "; ".join(problems[:8]))
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in found.items()}, strict=True)
 
+
+
+def quantized_state(state: dict[str, torch.Tensor], which: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+    """`state` with each floating-point tensor of two or more dimensions that `which` selects stored as
+    int8 rows (`name`) and their float32 scales (`name` + INT8_SCALE_SUFFIX); the rest as they are."""
+    out = {}
+    for name, value in state.items():
+        if value.is_floating_point() and value.dim() >= 2 and which(name):
+            out[name], out[name + INT8_SCALE_SUFFIX] = quantize_rows(value)
+        else:
+            out[name] = value
+    return out
+
+
+def dequantized_state(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, tuple]]:
+    """The inverse of `quantized_state`: (float state with every int8 pair dequantized to float32,
+    {name: (q, scale)} of those pairs, for a model that computes with them directly)."""
+    scales = {k[:-len(INT8_SCALE_SUFFIX)]: v for k, v in tensors.items() if k.endswith(INT8_SCALE_SUFFIX)}
+    state, pairs = {}, {}
+    for name, value in tensors.items():
+        if name.endswith(INT8_SCALE_SUFFIX):
+            continue
+        if name in scales:
+            if value.dtype != torch.int8 or tuple(scales[name].shape) != tuple(value.shape[:-1]):
+                raise ValueError(f"{name}: an int8 weight needs int8 values and one scale per row; got {value.dtype} "
+                                 f"{tuple(value.shape)} with scales {tuple(scales[name].shape)}")
+            pairs[name] = (value, scales[name].float())
+            state[name] = dequantize_rows(*pairs[name])
+        else:
+            state[name] = value
+    return state, pairs

@@ -37,3 +37,30 @@ def loads_as(stored: "torch.dtype", wanted: "torch.dtype") -> bool:
     import torch
 
     return stored == wanted or (wanted == torch.float32 and stored in (torch.float16, torch.bfloat16))
+
+
+# Integer storage: a weight matrix kept as int8 with one float32 scale per row (per output channel).
+# Not a cast: `rvqlm_core.persistence.quantized_state` writes the pairs, and the model that loads them
+# computes with them (rvqlm_core.int8_linear) or dequantizes them; training refuses such a folder.
+QUANTIZED_DTYPES = ("int8",)
+INT8_SCALE_SUFFIX = ".int8_scale"  # the key of a weight's scale in a saved state: f"{name}{INT8_SCALE_SUFFIX}"
+
+
+def quantize_rows(weight: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor]":
+    """Symmetric int8 per row: weight [..., K] -> (q [..., K] int8 in -127..127, scale [...] float32),
+    scale = max |row| / 127 (1 for an all-zero row), q = round(w / scale). Each element's error
+    |q * scale - w| is at most scale / 2 = max |row| / 254."""
+    import torch
+
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = torch.round(w / scale[..., None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_rows(q: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
+    """q [..., K] int8, scale [...] -> float32 [..., K] = q * scale."""
+    import torch
+
+    return q.to(torch.float32) * scale.to(torch.float32)[..., None]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from rvqlm_core.weight_dtype import STORAGE_DTYPES
+from rvqlm_core.weight_dtype import QUANTIZED_DTYPES, STORAGE_DTYPES
 
 TRAIN_HELP = """Train the LM through LightningCLI `fit`. Every argument goes to LightningCLI:
   --config RECIPE.yaml (recipes/lm_tiny.yaml, recipes/lm_speech.yaml), overrides such as
@@ -47,10 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     ex = sub.add_parser("export-lm", help="write an LM folder again, e.g. with half-precision weights",
                         description="Load an LM folder (save_pretrained) and write it to OUTPUT, its "
                                     "floating-point weights stored as --dtype (float16: half the file; they "
-                                    "load back as float32).")
+                                    "load back as float32; int8: a quarter, loaded as an inference-only int8 LM).")
     ex.add_argument("lm", help="an LM folder written by save_pretrained (e.g. RUN/pretrained)")
     ex.add_argument("output", help="the folder to write (replaced only once the new one is complete)")
-    ex.add_argument("--dtype", choices=STORAGE_DTYPES, default="float32")
+    ex.add_argument("--dtype", choices=STORAGE_DTYPES + QUANTIZED_DTYPES, default="float32")
     ex.set_defaults(func=_export)
 
 
