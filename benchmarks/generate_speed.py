@@ -1,6 +1,6 @@
 """Generation speed: KV cache against full recompute, and per-frame latency against memory bandwidth.
 
-    .venv/bin/python benchmarks/generate_speed.py [--frames 1500] [--batches 1 8] [--json out.json]
+    .venv/bin/python benchmarks/generate_speed.py [--frames 1500] [--batches 1 8] [--dtype int8] [--json out.json]
 
 Model: a randomly initialised ~20M-parameter MultiCodebookLM (N_c = 8 codebooks of 1024, d = 512,
 4 layers, SwiGLU, RoPE, delay pattern), i.e. tokens of a 50 frames/s codec. Random weights decode
@@ -19,6 +19,10 @@ as fast as trained ones: every step does the same work whatever the logits are.
   embedding tables are gathers: 8 rows) plus the cached keys and values, so its latency is at
   least (weight bytes + KV bytes) / memory bandwidth. The bandwidth is measured here as the best
   of a few large tensor copies, counting bytes read + bytes written.
+
+* --dtype int8: the same model's linear layers and heads in int8 (lm.int8.to_int8), generated
+  with the cache in the same process after the float32 rows, at each batch size: frames/s, the
+  ratio to float32, and the bandwidth bound with int8 weights.
 
 Real-time factor RTF = compute time / duration of the audio generated per sequence (< 1 is faster
 than real time); frames/s are per sequence, with the batch's total alongside.
@@ -68,10 +72,13 @@ def copy_bandwidth(mbytes: int = 256, repeats: int = 5) -> float:
 
 
 def time_cached(model: MultiCodebookLM, batch: int, frames: int) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) of one cached generation of `frames` frames."""
+    """(wall seconds, process CPU seconds) of one cached generation of `frames` frames on the model's device."""
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     generate(model, None, 16, batch_size=batch, top_k=250, seed=0)  # warm-up (allocator, kernels)
+    sync()
     t, c = time.perf_counter(), time.process_time()
     generate(model, None, frames, batch_size=batch, top_k=250, seed=0)
+    sync()
     return time.perf_counter() - t, time.process_time() - c
 
 
@@ -103,6 +110,30 @@ def predicted_recompute(coef: list[float], first_len: int, last_len: int) -> flo
     return float((coef[0] + coef[1] * x + coef[2] * x * x).sum())
 
 
+def int8_rows(model: MultiCodebookLM, results: dict, frames: int, batches: list[int]) -> None:
+    """Cached generation of `model` in int8 at each batch size, against the float32 rows in `results`."""
+    from lm.int8 import to_int8
+
+    from rvqlm_core.int8_linear import Int8Linear
+
+    to_int8(model)  # int8 values, scales and biases of every linear layer and the heads, plus the norm gains
+    weight_bytes = sum(t.numel() * t.element_size() for m in model.modules() if isinstance(m, Int8Linear)
+                       for t in m.buffers())
+    weight_bytes += sum(p.numel() * p.element_size() for p in [*model.blocks.parameters(), *model.final_norm.parameters()])
+    steps = results["steps"]
+    print(f"\nint8 (lm.int8: {weight_bytes / 2**20:.1f} MiB read per step, bandwidth bound for the weights "
+          f"{weight_bytes / results['bandwidth_bytes_per_s'] * 1e3:.2f} ms)")
+    print(f"{'batch':>5} {'float32 frames/s':>17} {'int8 frames/s':>14} {'ratio':>6} {'int8 ms/frame':>14}")
+    out = {"weight_bytes": weight_bytes, "batches": {}}
+    for batch in batches:
+        seconds, cpu = time_cached(model, batch, frames)
+        base = results["batches"][str(batch)]["cache_s"]
+        print(f"{batch:>5} {frames / base:>17.1f} {frames / seconds:>14.1f} {base / seconds:>5.2f}x "
+              f"{seconds / steps * 1e3:>14.2f}")
+        out["batches"][str(batch)] = {"cache_s": seconds, "cache_cpu_s": cpu, "speedup": base / seconds}
+    results["int8"] = out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--frames", type=int, default=1500)
@@ -113,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="real no-cache frames generated after a long prompt to check the fit (batch 1)")
     ap.add_argument("--exact-recompute", action="store_true", help="run every recompute step for real")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--dtype", choices=("float32", "int8"), default="float32",
+                    help="int8: also time the model in int8 after the float32 rows (same run)")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args(argv)
     if args.threads:
@@ -190,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(CPU time per frame {step_cpu * 1e3:.2f} ms, {step_cpu / bound:.1f}x)")
         results["latency"] = {"step_s": step, "step_cpu_s": step_cpu, "bound_s": bound, "bound_weights_only_s": bound_w,
                               "kv_bytes_mean": kv_bytes}
+    if args.dtype == "int8":
+        int8_rows(model, results, args.frames, args.batches)
     if args.json:
         from rvqlm_core.atomic import atomic_write_json
 

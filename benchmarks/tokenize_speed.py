@@ -77,7 +77,7 @@ def main():  # spawned decoding workers import this file: only run it as the scr
     launch = Launch.from_env()
     if {threads!r}:
         torch.set_num_threads(max(1, {threads!r} // launch.local_world))
-    codec = Codec.from_pretrained({codec!r})
+    codec = Codec.from_pretrained({codec!r}).to(launch.device({device!r}))
     s = tokenize({audio!r}, {out!r}, codec, TokenizeSettings(workers={workers!r}, batch_seconds={batch!r},
                  progress=False), launch)
     self_, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -94,17 +94,19 @@ if __name__ == "__main__":
 
 
 def _run_case(audio: Path, out: Path, codec_dir: Path, workers: int, threads: int | None, batch_seconds: float,
-              ranks: int = 1) -> list[dict]:
+              ranks: int = 1, device: str = "cpu", timeout: float | None = None) -> list[dict]:
     """Tokenize AUDIO into OUT in fresh processes (`ranks` > 1: under torchrun); each reports its
-    summary and peak RSS as JSON, rank 0 first. `threads` is per node, split among its ranks. Adds
-    `start_wall_s`: the whole command, process start and torch import included."""
+    summary and peak RSS as JSON, rank 0 first. `threads` is per node, split among its ranks; `device`
+    as `rvqlm tokenize --device`. Adds `start_wall_s`: the whole command, process start and torch
+    import included. Past `timeout` seconds the case is killed (subprocess.TimeoutExpired)."""
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "case.py"
         script.write_text(_CASE.format(threads=threads, codec=str(codec_dir), audio=str(audio),
-                                       out=str(out), workers=workers, batch=batch_seconds))
+                                       out=str(out), workers=workers, batch=batch_seconds, device=device))
         launcher = [] if ranks == 1 else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, *launcher, str(script)], cwd=REPO, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, *launcher, str(script)], cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout)
         start_wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"benchmark case failed:\n{proc.stderr}")

@@ -1,0 +1,52 @@
+"""scripts/device_check.sh --tiny: every section runs on the CPU, without the soundfile package (as
+on a stock CUDA PyTorch image), and the JSON holds every figure as a positive number (issue 22)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+FIGURES = ["lm_bf16_eager_tokens_per_s", "lm_bf16_eager_mfu", "lm_bf16_eager_peak_bf16_tflops",
+           "lm_bf16_compile_tokens_per_s", "lm_bf16_compile_mfu", "lm_bf16_compile_peak_bf16_tflops",
+           "codec_train_steps_per_s", "codec_train_audio_s_per_s",
+           "tokenize_files_per_s", "tokenize_x_real_time", "tokenize_audio_s_per_cpu_s",
+           "generate_b1_frames_per_s", "generate_b1_frames_per_s_all_rows",
+           "generate_b64_frames_per_s", "generate_b64_frames_per_s_all_rows", "cuda_tests_collected"]
+
+# Put first on sys.path of every process of the run: makes `import soundfile` (and find_spec) fail.
+BLOCK_SOUNDFILE = '''import sys
+class _NoSoundfile:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.split(".")[0] == "soundfile":
+            raise ModuleNotFoundError("No module named 'soundfile'", name=name)
+sys.meta_path.insert(0, _NoSoundfile)
+'''
+
+
+def test_tiny_device_check_writes_every_figure_without_soundfile(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_SOUNDFILE)
+    out = tmp_path / "check.json"
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path / "site")}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "device_check.sh"), "--tiny", "--out", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    report = json.loads(out.read_text())
+    failed = {name: s.get("error") for name, s in report["sections"].items() if s["status"] != "ok"}
+    assert proc.returncode == 0 and not failed and not report["failed"], (failed, proc.stderr[-3000:])
+    assert report["tiny"] and report["device"] == "cpu"
+    assert report["environment"]["packages"]["soundfile"] is False  # the run really went without it
+    for name in FIGURES:
+        value = report["figures"].get(name)
+        assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, (name, value)
+    assert set(report["figures"]) == set(FIGURES)
+    assert 0 < report["figures"]["lm_bf16_eager_mfu"] < 1
+    assert report["sections"]["tokenize"]["result"]["source"] == "synthetic"
+    tests = report["sections"]["cuda_tests"]["result"]
+    assert tests["skipped"] == tests["tests"] > 0 and tests["failures"] == tests["errors"] == 0  # no CUDA here
