@@ -78,8 +78,6 @@ def test_codec_moves_to_cuda_and_codes_and_audio_agree_with_the_cpu():
     assert codec.device.type == "cuda" and gpu_codes.device.type == "cuda"
     assert (gpu_codes.cpu() == codes).float().mean() > 0.99  # other kernels' rounding may flip a rare code
     assert (gpu_audio.cpu() - audio).abs().max() < 1e-2 * audio.abs().max()
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        assert torch.isfinite(codec(wav.cuda()).audio).all()
 
 
 def _write_wav(path: Path, samples: np.ndarray, rate: int = 16000) -> None:
