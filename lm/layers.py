@@ -10,7 +10,8 @@ Shapes: B batch, S positions, d = d_model, H query heads, H_kv key/value heads, 
   grouped-query attention when H_kv < H (each K/V head serves H / H_kv query heads).
 * CrossAttention: queries from the decoder rows, keys and values from the encoder output, no
   causal mask over the source (seed 000, encoder-decoder); only padding of the source is masked.
-* FeedForward: phi(u W1 + b1) W2 + b2 (seed 000) or SwiGLU (Swish(x W1) * (x W2)) W3 (seed 001).
+* FeedForward: phi(u W1 + b1) W2 + b2 (seed 000) or SwiGLU (Swish(x W1) * (x W2)) W3 (seed 001);
+  with LMConfig.n_experts, a top-k routed mixture of them (lm.moe, seed 001's mixture of experts).
 * Block: pre-norm, Z = O + FFN(Norm(O)) with O = H + MHA(Norm(H)) (seed 000); a conditioned
   decoder block inserts C = O + XA(Norm(O), memory) between the two, Z = C + FFN(Norm(C)), as
   MusicGen's decoder layers do.
@@ -206,7 +207,13 @@ class SwiGLU(nn.Module):
         return self.dropout(self.w3(F.silu(self.w1(x)) * self.w2(x)))
 
 
-def make_ffn(cfg: LMConfig) -> nn.Module:
+def make_ffn(cfg: LMConfig, dense: bool = False) -> nn.Module:
+    """The FFN sublayer `cfg` asks for: SwiGLU or FeedForward, or with n_experts a mixture of them
+    (lm.moe); dense=True builds one expert."""
+    if cfg.n_experts and not dense:
+        from lm.moe import MoEFeedForward  # lm.moe builds its experts with this function
+
+        return MoEFeedForward(cfg, lambda c: make_ffn(c, dense=True))
     return SwiGLU(cfg) if cfg.ffn == "swiglu" else FeedForward(cfg)
 
 
@@ -244,9 +251,10 @@ class Block(nn.Module):
 
 def residual_projections(block: Block) -> list[nn.Linear]:
     """The layers that write into the residual stream (scaled at init, GPT-2 style)."""
-    ffn_out = block.ffn.w3 if isinstance(block.ffn, SwiGLU) else block.ffn.w2
+    ffns = getattr(block.ffn, "experts", [block.ffn])  # a mixture: every expert's output projection
+    ffn_out = [ffn.w3 if isinstance(ffn, SwiGLU) else ffn.w2 for ffn in ffns]
     cross = [] if block.cross_attn is None else [block.cross_attn.out]
-    return [block.attn.out, *cross, ffn_out]
+    return [block.attn.out, *cross, *ffn_out]
 
 
 def init_std(n_layers: int, residual: bool) -> float:

@@ -438,7 +438,7 @@ def test_half_precision_save_loads_back_as_float32(tmp_path):
     assert not torch.equal(exact, rounded)
     torch.testing.assert_close(rounded, exact, rtol=0, atol=2e-2)
     with pytest.raises(ValueError, match="dtype must be one of"):
-        model.save_pretrained(tmp_path / "bad", dtype="int8")
+        model.save_pretrained(tmp_path / "bad", dtype="int4")
 
 
 def test_export_lm_writes_half_precision_and_keeps_other_files(tmp_path, capsys):
