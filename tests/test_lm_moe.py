@@ -125,3 +125,68 @@ def test_config_keeps_a_dense_lms_dict_and_checks_the_mixture():
     dense, moe = MultiCodebookLM(moe_cfg(n_experts=0, d_ff=24)), MultiCodebookLM(moe_cfg(moe_top_k=1))
     router = 2 * 4 * 16  # 2 layers of a [E, d] router
     assert moe.flops_per_token(8) == dense.flops_per_token(8) + 6 * router  # k = 1: one expert's worth
+
+
+# ---- training: the aux loss in the objective, exact resume, DDP (the tiny recipe with 4 experts, top-2) ----
+
+MOE_ARGS = ["--model.config.n_experts", "4", "--model.config.moe_top_k", "2", "--model.config.moe_aux_weight", "0.1"]
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    from test_lm_data import make_token_corpus
+
+    out = tmp_path_factory.mktemp("moe_train") / "tokens"
+    make_token_corpus(out)
+    return out
+
+
+def test_training_adds_the_weighted_balance_loss_and_logs_it():
+    from lm.training import LMTrainingModule
+
+    module = LMTrainingModule(moe_cfg(moe_aux_weight=0.5), measure_peak=False)
+    codes = torch.randint(0, 16, (2, 2, 6), generator=torch.Generator().manual_seed(6))
+    batch = {"codes": codes, "frame_mask": torch.ones(2, 6, dtype=torch.bool)}
+    logged = {}
+    module.log = lambda name, value, **kw: logged.__setitem__(name, value)
+    torch.manual_seed(0)
+    loss = module.training_step(batch, 0)
+    torch.manual_seed(0)
+    plain = module.model.loss(codes, batch["frame_mask"]).loss
+    aux = moe_aux_loss(module.model)
+    torch.testing.assert_close(loss, plain + 0.5 * aux)
+    assert logged["train/moe_aux"] == pytest.approx(float(aux))
+
+
+def test_a_killed_moe_run_resumes_exactly_and_ddp_ranks_agree(tokens, tmp_path):
+    from safetensors.torch import load_file
+
+    from test_lm_training import (KillAtStep, RecordLosses, SaveRankWeights, callback_arg, read_losses,
+                                  run_cli_subprocess, tiny_args)
+    from lm.training import train_main
+
+    steps = ["--trainer.max_steps", "8", "--trainer.callbacks.init_args.every_n_train_steps", "3"]
+    full_log, cut_log = tmp_path / "full.jsonl", tmp_path / "cut.jsonl"
+    torch.set_num_threads(1)
+    train_main(tiny_args(tokens, tmp_path / "full", *MOE_ARGS, *steps, callback_arg(RecordLosses, path=str(full_log))))
+    killed = run_cli_subprocess(tiny_args(tokens, tmp_path / "cut", *MOE_ARGS, *steps,
+                                          callback_arg(RecordLosses, path=str(cut_log)), callback_arg(KillAtStep, step=7)))
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    train_main(tiny_args(tokens, tmp_path / "cut", *MOE_ARGS, *steps, callback_arg(RecordLosses, path=str(cut_log)),
+                         "--ckpt_path", "last"))
+    full, resumed = read_losses(full_log), read_losses(cut_log)
+    assert sorted(full) == sorted(resumed) == list(range(1, 9))
+    assert all(resumed[s] == full[s] for s in full), (full, resumed)  # bit-exact, aux loss included
+    assert MultiCodebookLM.from_pretrained(tmp_path / "full" / "pretrained").cfg.n_experts == 4
+
+    out = tmp_path / "ranks"
+    out.mkdir()
+    proc = run_cli_subprocess(tiny_args(tokens, tmp_path / "ddp", *MOE_ARGS, "--trainer.strategy", "ddp",
+                                        "--trainer.devices", "2", "--trainer.max_steps", "3",
+                                        callback_arg(SaveRankWeights, out=str(out))), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = load_file(str(out / "rank0.safetensors")), load_file(str(out / "rank1.safetensors"))
+    assert not torch.equal(r0.pop("first_batch"), r1.pop("first_batch"))
+    assert any(".ffn.experts.3." in name for name in r0)
+    for name in r0:
+        assert torch.equal(r0[name], r1[name]), name
