@@ -7,6 +7,10 @@
     rvqlm generate --lm LM_DIR --codec CODEC_DIR --text "Co je to za divnou loď?" \\
         --speaker font_small --cfg 3 --out say.wav        (a conditioned LM; --prompt optional)
 
+A masked LM (`rvqlm train-masked-lm`) fills the continuation by iterative parallel decoding,
+level by level (lm.masked_generate): --steps 16,4,2,1 gives the steps of the first levels (the
+others take 1 each; default 16,4,2,1,1,1,1,1).
+
 A conditioned LM reads --text (UTF-8, up to its text_max_bytes) and --speaker (a name from its
 table) with classifier-free guidance --cfg (default 3; 1 = no guidance), and stops by itself at
 its end-of-audio token; --seconds is then the longest it may speak.
@@ -55,6 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)")
+    p.add_argument("--steps", default=None, metavar="S0,S1,...",
+                   help="a masked LM: decoding steps per level, e.g. 16,4,2,1 (later levels 1 each)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step (slow; a check)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--stream", action="store_true",
@@ -100,6 +106,10 @@ def check_request(args: argparse.Namespace) -> None:
             raise ValueError("--prompt-seconds needs --prompt")
         if not (args.prompt_seconds > 0 and math.isfinite(args.prompt_seconds)):
             raise ValueError(f"--prompt-seconds must be > 0, got {args.prompt_seconds}")
+    if args.steps is not None:
+        from lm.masked_generate import steps_per_level
+
+        steps_per_level(args.steps, max(len(args.steps.split(",")), 1))  # the syntax; the level count once loaded
     if Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} is a folder; give a file name such as {Path(args.out) / 'out.wav'}")
 
@@ -134,6 +144,20 @@ def check_condition(args: argparse.Namespace, lm_model) -> None:
         raise ValueError(f"{e} (--text / --speaker)") from None
 
 
+def check_family(args: argparse.Namespace, lm_model) -> None:
+    """Refuse options the LM's family has no use for (--steps for an AR LM; --stream, --no-cache for a masked one)."""
+    if lm_model.cfg.family != "masked":
+        if args.steps is not None:
+            raise ValueError(f"--steps is for a masked LM; {args.lm} is an autoregressive LM (one step per frame)")
+        return
+    from lm.masked_generate import steps_per_level
+
+    steps_per_level(args.steps, lm_model.cfg.n_codebooks)
+    for flag, given in (("--stream", args.stream), ("--no-cache", args.no_cache)):
+        if given:
+            raise ValueError(f"{flag} is for an autoregressive LM; {args.lm} is a masked LM (whole windows at once)")
+
+
 def load_prompt_codes(path: str, codec, lm_model, prompt_seconds: float | None):
     """Read, trim to whole frames and encode the prompt -> codes [1, N_c, T0] (LongTensor)."""
     from codec.audio import audio_info, load_audio
@@ -158,13 +182,14 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from codec import Codec
+    from lm.families import load_lm
     from lm.generate import generate
-    from lm.model import MultiCodebookLM
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    lm_model = MultiCodebookLM.from_pretrained(args.lm, map_location=args.device)
+    lm_model = load_lm(args.lm, map_location=args.device)
     check_condition(args, lm_model)
+    check_family(args, lm_model)
     codec = Codec.from_pretrained(args.codec, map_location=args.device)
     check_pair(lm_model, codec)
 
@@ -184,10 +209,16 @@ def _generate(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     conditions = {} if lm_model.cfg.condition is None else {"text": args.text, "speaker": args.speaker,
                                                              "cfg_scale": args.cfg}
-    codes, lengths = generate(lm_model, prompt, new_frames, temperature=args.temperature, top_k=args.top_k,
-                              top_p=args.top_p, greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache,
-                              progress=not args.no_progress, frame_rate=codec.frame_rate, return_lengths=True,
-                              **conditions)
+    if lm_model.cfg.family == "masked":
+        codes = lm_model.generate(prompt, new_frames, steps=args.steps, temperature=args.temperature,
+                                  top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed,
+                                  progress=not args.no_progress, **conditions)
+        lengths = torch.full((codes.shape[0],), codes.shape[-1])
+    else:
+        codes, lengths = generate(lm_model, prompt, new_frames, temperature=args.temperature, top_k=args.top_k,
+                                  top_p=args.top_p, greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache,
+                                  progress=not args.no_progress, frame_rate=codec.frame_rate, return_lengths=True,
+                                  **conditions)
     elapsed = time.perf_counter() - start
     wav = codec.decode(codes)  # [B, C, T * hop]
     _write_samples(args, codec, wav, lengths.tolist(), t0, new_frames)

@@ -2,6 +2,7 @@
 tokens, write it again (half precision for shipping).
 
     rvqlm train-lm --config recipes/lm_speech.yaml [--trainer.max_steps 2000] [--ckpt_path last]
+    rvqlm train-masked-lm --config recipes/lm_masked_speech.yaml      (the masked family, lm.masked_training)
     rvqlm eval-lm --lm runs/lm_speech/pretrained --tokens data/tokens/fillets-cs-16k-da36b43ca2e1 --split valid
     rvqlm export-lm runs/lm_speech/pretrained models/lm-speech-16k --dtype float16
 """
@@ -26,6 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                            description=TRAIN_HELP, prefix_chars="\0", add_help=False)
     train.add_argument("lightning_args", nargs="*")
     train.set_defaults(func=_train)
+    masked = sub.add_parser("train-masked-lm", help="train a masked (bidirectional) token LM from a YAML recipe",
+                            description=TRAIN_HELP.replace("lm_tiny.yaml", "lm_masked_tiny.yaml").replace(
+                                "lm_speech.yaml", "lm_masked_speech.yaml"), prefix_chars="\0", add_help=False)
+    masked.add_argument("lightning_args", nargs="*")
+    masked.set_defaults(func=_train_masked)
 
     ev = sub.add_parser("eval-lm", help="held-out NLL per codebook (nats/token) of a trained LM",
                         description="Score an LM on every frame of one split of a token folder: NLL per "
@@ -41,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--batch-size", type=int, default=4)
     ev.add_argument("--unigram", action="store_true",
                     help="also score the unigram baseline (token frequencies of the train split)")
+    ev.add_argument("--mask-ratio", type=float, default=0.5,
+                    help="a masked LM: the share of each level hidden when it is scored (default 0.5)")
     ev.add_argument("--json", dest="json_out", default=None, help="also write the figures to this JSON file")
     ev.set_defaults(func=_eval)
 
@@ -60,23 +68,39 @@ def _train(args: argparse.Namespace) -> int:
     return train_main(args.lightning_args)
 
 
-def _export(args: argparse.Namespace) -> int:
-    from lm.model import MultiCodebookLM
+def _train_masked(args: argparse.Namespace) -> int:
+    from lm.masked_training import masked_train_main
 
-    out = MultiCodebookLM.from_pretrained(args.lm).save_pretrained(args.output, dtype=args.dtype)
+    return masked_train_main(args.lightning_args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from lm.families import load_lm
+
+    out = load_lm(args.lm).save_pretrained(args.output, dtype=args.dtype)
     print(f"exported {args.lm} -> {out} ({args.dtype})")
     return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from lm.model import MultiCodebookLM
+    from lm.families import load_lm
+    from lm.masked_training import masked_held_out_report
     from lm.training import held_out_report
     from rvqlm_core.atomic import atomic_write_json
 
-    model = MultiCodebookLM.from_pretrained(args.lm)
-    report = {"lm": str(args.lm), **held_out_report(
-        model, args.tokens, args.split, split_by=args.split_by, valid_fraction=args.valid_fraction,
-        window_frames=args.window_frames, batch_size=args.batch_size, unigram=args.unigram)}
+    model = load_lm(args.lm)
+    where = dict(split_by=args.split_by, valid_fraction=args.valid_fraction, window_frames=args.window_frames,
+                 batch_size=args.batch_size)
+    if model.cfg.family == "masked":
+        if args.unigram:
+            raise ValueError("--unigram scores every frame; a masked LM is scored on its hidden positions only")
+        report = {"lm": str(args.lm), **masked_held_out_report(model, args.tokens, args.split, ratio=args.mask_ratio,
+                                                               **where)}
+        print(f"masked LM: level q scored with {args.mask_ratio:g} of its frames hidden, finer levels hidden, "
+              "coarser visible (NLL over the hidden positions)")
+    else:
+        report = {"lm": str(args.lm), **held_out_report(model, args.tokens, args.split, unigram=args.unigram,
+                                                        **where)}
     window, files, count = report["window_frames"], report["files"], report["tokens_per_codebook"]
     baseline = report.get("unigram_nll_per_codebook")
     cfg = model.cfg

@@ -1,0 +1,163 @@
+"""Training and scoring a MaskedLM: LMTrainingModule's features (LightningCLI recipes, exact resume,
+DDP, tokens/s and MFU, per-level losses, export) with the masked objective of lm.masked_model.
+
+* Masks are drawn from a generator seeded by (mask_seed, batch index, rank), not from the global
+  RNG, so a resumed run draws the same masks as the uninterrupted one by construction.
+* Validation masks every held-out window with a generator seeded by (0, window batch, rank) and
+  SoundStorm's draw (prefix_prob 1), whatever the run's settings, so `val/loss` is comparable
+  between runs; `val/loss_cb{q}` is the loss of the windows whose level was q.
+* `init_from` may name an AR LM of the same architecture (the family and pattern differ): every
+  tensor is copied, its bos rows becoming the mask tokens; or a masked LM of the same architecture.
+
+    rvqlm train-masked-lm --config recipes/lm_masked_speech.yaml [--ckpt_path last]
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from lm.config import LMConfig
+from lm.data import TokenFiles, ValidWindows
+from lm.families import load_lm
+from lm.masked_model import MaskedLM
+from lm.moe import moe_aux_loss
+from lm.training import LMTrainingModule, batch_conditions, check_fingerprint, train_main
+from lm.warm_start import architecture_differences
+
+VALID_SEED = 0
+
+
+def seeded_generator(device: torch.device, *key: Any) -> torch.Generator:
+    """A generator on `device` seeded by a hash of `key` (e.g. ("train", seed, batch index, rank))."""
+    digest = hashlib.sha256(":".join(map(str, key)).encode()).digest()
+    g = torch.Generator(device=device)
+    g.manual_seed(int.from_bytes(digest[:8], "big") & (2**63 - 1))
+    return g
+
+
+def masked_warm_start(model: MaskedLM, start, source: str) -> list[str]:
+    """Load LM `start` (masked, or AR differing only in family / pattern) into `model`; returns the fresh
+    tensors (none). ValueError naming `source` and every other difference."""
+    allowed = ("family ", "pattern ") if start.cfg.family == "ar" else ()
+    differ = [d for d in architecture_differences(model.cfg, start.cfg) if not d.startswith(allowed)]
+    if differ:
+        raise ValueError(f"init_from {source}: its LM differs from this recipe's in " + ", ".join(differ)
+                         + " (a masked LM starts from an LM of the same architecture, AR or masked)")
+    model.load_state_dict(start.state_dict())
+    return []
+
+
+class MaskedLMTrainingModule(LMTrainingModule):
+    """Masked-token training of a MaskedLM (config.family must be "masked"; see lm.masked_model).
+
+    Args: those of LMTrainingModule, and
+        prefix_prob: the chance a training window keeps a visible prefix (uniform length; SoundStorm: 1).
+        mask_seed: seeds the training masks (with the batch index and the rank).
+    """
+
+    model_class = MaskedLM
+
+    def __init__(self, config: LMConfig, n_codebooks: int | None = None, codebook_size: int | None = None,
+                 codec_fingerprint: str | None = None, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
+                 adam_eps: float = 1e-8, weight_decay: float = 0.1, warmup_steps: int = 100,
+                 min_lr_ratio: float = 0.1, total_steps: int | None = None, measure_peak: bool = True,
+                 export: bool = True, init_from: str | None = None, speakers: list[str] | None = None,
+                 fresh_lr_scale: float = 1.0, prefix_prob: float = 1.0, mask_seed: int = 0):
+        if not 0.0 <= prefix_prob <= 1.0:
+            raise ValueError(f"prefix_prob must be in [0, 1], got {prefix_prob}")
+        super().__init__(config, n_codebooks, codebook_size, codec_fingerprint, lr, betas, adam_eps, weight_decay,
+                         warmup_steps, min_lr_ratio, total_steps, measure_peak, export, init_from, speakers,
+                         fresh_lr_scale)
+
+    def _load_initial_weights(self, folder: str) -> None:
+        self._fresh = masked_warm_start(self.model, load_lm(folder), folder)
+
+    def _conditions(self, batch: dict) -> dict[str, Any]:
+        return batch_conditions(self.model, batch, ends=False)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        g = seeded_generator(self.device, "train", self.hparams.mask_seed, int(batch["batch_index"]),
+                             self.global_rank)
+        out = self.model.loss(batch["codes"], batch["frame_mask"], generator=g,
+                              prefix_prob=self.hparams.prefix_prob, **self._conditions(batch))
+        self._log_losses("train", out.nll_sum.detach(), out.count, loss=out.loss.detach())
+        aux = moe_aux_loss(self.model)  # a mixture of experts' load balance, as LMTrainingModule adds it
+        if aux is None:
+            return out.loss
+        self.log("train/moe_aux", aux.detach(), on_step=True, on_epoch=False)
+        return out.loss + self.lm_config.moe_aux_weight * aux
+
+    def _log_losses(self, stage: str, nll_sum: Tensor, count: Tensor, loss: Tensor | None = None) -> None:
+        """LMTrainingModule's logging, but a training batch logs only the levels it drew (others have no targets)."""
+        if stage != "train":
+            return super()._log_losses(stage, nll_sum, count, loss)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        self.log("train/ppl", loss.exp(), on_step=True, on_epoch=False)
+        for q in count.nonzero()[:, 0].tolist():
+            self.log(f"train/loss_cb{q}", (nll_sum[q] / count[q]).float(), on_step=True, on_epoch=False)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        g = seeded_generator(self.device, "valid", VALID_SEED, batch_idx, self.global_rank)
+        out = self.model.loss(batch["codes"], batch["frame_mask"], generator=g, **self._conditions(batch))
+        self._val_nll += out.nll_sum.double()
+        self._val_count += out.count.double()
+
+
+# ---- scoring ------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def masked_nll(model: MaskedLM, windows: ValidWindows, ratio: float, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Summed NLL and hidden-position counts per level over all windows, each window scored once per
+    level q with level q hidden at `ratio`, finer levels hidden, coarser visible, no prefix (seeded by
+    window batch and level): ([N_c] f64, [N_c] int64)."""
+    model.eval()
+    n_c = model.cfg.n_codebooks
+    nll = torch.zeros(n_c, dtype=torch.float64)
+    count = torch.zeros(n_c, dtype=torch.int64)
+    for i, batch in enumerate(windows):
+        codes, fm = batch["codes"].to(model.device), batch["frame_mask"].to(model.device)
+        for q in range(n_c):
+            g = seeded_generator(model.device, "score", seed, i, q)
+            out = model.loss(codes, fm, generator=g, level=q, ratio=ratio, prefix_prob=0.0,
+                             **batch_conditions(model, batch, ends=False))
+            nll += out.nll_sum.double().cpu()
+            count += out.count.cpu()
+    return nll, count
+
+
+def masked_held_out_report(model: MaskedLM, tokens_dir: str, split: str = "valid", *, split_by: str = "prefix",
+                           valid_fraction: float = 0.1, window_frames: int | None = None, batch_size: int = 8,
+                           ratio: float = 0.5, seed: int = 0, max_windows: int | None = None) -> dict[str, Any]:
+    """`held_out_report` for a masked LM: its masked NLL per level (`masked_nll`) on one split of a token
+    folder (`max_windows`: evenly spaced windows only), refusing another codec's tokens, another layout
+    and windows past its context."""
+    from rvqlm_core.token_shards import TokenShards
+
+    cfg = model.cfg
+    shards = TokenShards.open(tokens_dir)
+    check_fingerprint(cfg.codec_fingerprint, shards.fingerprint, str(tokens_dir))
+    if (shards.n_codebooks, shards.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
+        raise ValueError(f"{tokens_dir} has N_c={shards.n_codebooks}, |V|={shards.codebook_size}; "
+                         f"the LM models N_c={cfg.n_codebooks}, |V|={cfg.codebook_size}")
+    window = window_frames or cfg.max_frames
+    if not 1 <= window <= cfg.max_frames:
+        raise ValueError(f"window_frames must be in 1..{cfg.max_frames} for this LM, got {window}")
+    if not 0.0 < ratio <= 1.0 or batch_size < 1:
+        raise ValueError(f"need a mask ratio in (0, 1] and batch_size >= 1, got {ratio} and {batch_size}")
+    files = TokenFiles.of_split(tokens_dir, split, split_by, valid_fraction, shards)
+    windows = ValidWindows(files, cfg.n_codebooks, window, batch_size, max_windows=max_windows,
+                           conditions=cfg.condition is not None)
+    with torch.inference_mode():
+        nll, count = masked_nll(model, windows, ratio, seed)
+    return {"tokens": str(tokens_dir), "split": split, "files": len(files), "window_frames": window,
+            "family": "masked", "mask_ratio": ratio, "nll_per_codebook": (nll / count).tolist(),
+            "tokens_per_codebook": count.tolist(), "nll": float(nll.sum() / count.sum())}
+
+
+def masked_train_main(args: Sequence[str] | None = None) -> int:
+    """`rvqlm train-masked-lm ARGS`: LightningCLI `fit` of MaskedLMTrainingModule (see lm.training.train_main)."""
+    return train_main(args, module=MaskedLMTrainingModule)
