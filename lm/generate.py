@@ -232,6 +232,7 @@ def generate(
     sink: bool = True,
     progress: bool = False,
     frame_rate: float | None = None,
+    on_frames: Callable[[Tensor, Tensor], None] | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Continue `prompt_codes` [B, N_c, T0] by `max_new_frames` frames -> codes [B, N_c, T0 + n].
 
@@ -245,6 +246,8 @@ def generate(
     guidance scale `cfg_scale` (default 3 with a text or speaker, else 1; lm.guidance). Its rows stop
     at the end-of-audio token: codes [B, N_c, longest row], 0 past each row's end; `return_lengths`
     also returns lengths [B] (frames, prompt included). An unconditioned LM refuses these options.
+    `on_frames(codes [B, N_c, n], ends [B])` gets the prompt's frames, then each frame once complete (0 past
+    a row's end; ends: the row lengths known so far, prompt included), for `rvqlm generate --stream`.
     """
     check_sampling_args(temperature, top_k, top_p, greedy)
     cfg, device = model.cfg, model.device
@@ -255,18 +258,15 @@ def generate(
         batch_size = _rows_asked(text, speaker, batch_size)
         prompt_codes = torch.zeros(batch_size, cfg.n_codebooks, 0, dtype=torch.long)
     plan = plan_generation(model, prompt_codes.to(device), max_new_frames)
-    if generator is None:
-        generator = make_generator(seed, device)
-
-    choose = partial(sample_next, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
-                     generator=generator)
+    generator = generator if generator is not None else make_generator(seed, device)
+    choose = partial(sample_next, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
     was_training = model.training
     model.eval()
     bar = _ProgressBar(max_new_frames, progress, frame_rate)
     try:
         with torch.inference_mode():
             decoder = model if cfg.condition is None else _bind_conditions(model, text, speaker, cfg_scale, plan)
-            _decode(decoder, plan, choose, bar, use_cache=use_cache, sink=sink)
+            _decode(decoder, plan, choose, bar, use_cache=use_cache, sink=sink, on_frames=on_frames)
     finally:
         bar.close()
         model.train(was_training)
@@ -300,17 +300,35 @@ def _rows_asked(text, speaker, batch_size: int) -> int:
 
 
 def _decode(model: DecodableLM, plan: GenerationPlan, choose: Callable[[Tensor], Tensor], bar: "_ProgressBar",
-            use_cache: bool, sink: bool) -> None:
-    """Run `iter_decode` to its end, counting finished frames on the progress bar."""
-    max_delay = max(model.pattern.delays())
-    done = 0
+            use_cache: bool, sink: bool, on_frames: Callable[[Tensor, Tensor], None] | None = None) -> None:
+    """Run `iter_decode` to its end, counting finished frames on the progress bar and handing them
+    to `on_frames` (see `generate`)."""
+    delays = model.pattern.delays()
+    done, total = plan.prompt_frames, plan.prompt_frames + plan.new_frames
+    emit = partial(_emit_frames, plan, delays, on_frames) if on_frames is not None else lambda start, stop: None
+    emit(0, done)
     for step in iter_decode(model, plan, choose, use_cache=use_cache, sink=sink):
-        # Frame t is complete once its most delayed codebook is placed, at step t + max_delay.
-        finished = min(max(step.step - max_delay + 1 - plan.prompt_frames, 0), plan.new_frames)
-        if finished > done:
-            bar.update(finished - done)
-            done = finished
-    bar.update(plan.new_frames - done)
+        # Frame t is complete once its most delayed codebook is placed, at step t + max(delays).
+        ready = min(step.step - max(delays) + 1, total)
+        if ready > done:
+            bar.update(ready - done)
+            emit(done, ready)
+            done = ready
+    bar.update(total - done)
+    emit(done, total if plan.end is None else int(plan.end.ends.max()))
+
+
+def _emit_frames(plan: GenerationPlan, delays: list[int], on_frames: Callable[[Tensor, Tensor], None], start: int,
+                 stop: int) -> None:
+    """on_frames(frames start..stop-1 of plan.seq [B, N_c, stop - start], 0 past a row's end; ends [B])."""
+    if stop <= start:
+        return
+    seq = plan.seq
+    ends = (torch.full((seq.shape[0],), plan.prompt_frames + plan.new_frames, dtype=torch.long, device=seq.device)
+            if plan.end is None else plan.end.ends.clone())
+    codes = torch.stack([seq[:, k, start + d: stop + d] for k, d in enumerate(delays)], dim=1)
+    past = torch.arange(start, stop, device=seq.device)[None, :] >= ends[:, None]
+    on_frames(codes.masked_fill(past[:, None, :], 0), ends)
 
 
 class _ProgressBar:

@@ -3,10 +3,10 @@
 Each LM step completes at most one frame (codebook k of frame t is placed at step t + delay_k). The
 prompt's frames, then each new frame, go through a `codec.streaming.StreamingDecoder`, and the audio
 it makes final is appended to the continuation's wav (`GrowingWav`), so the file grows by about a
-frame per step, one decoder latency behind the LM. The codes are `lm.generate.generate`'s for the same
-arguments and seed (the same plan, steps and sampler); the audio is `Codec.decode`'s within float
-rounding. The prompt + continuation file (`.full.wav`) is written atomically at the end, as without
---stream.
+frame per step, one decoder latency behind the LM. The frames come from `lm.generate.generate`'s
+`on_frames`, so the codes are generate's for the same arguments and seed; the audio is
+`Codec.decode`'s within float rounding. The prompt + continuation file (`.full.wav`) is written
+atomically at the end, as without --stream.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from __future__ import annotations
 import struct
 import sys
 import time
-from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -67,53 +65,6 @@ class GrowingWav:
         self.file.close()
 
 
-def frames_of(seq: Tensor, delays: list[int], start: int, stop: int) -> Tensor:
-    """Frames start..stop-1 of a pattern sequence seq [B, N_c, S] -> codes [B, N_c, stop - start]."""
-    return torch.stack([seq[:, k, start + d: stop + d] for k, d in enumerate(delays)], dim=1)
-
-
-def generate_frames(model, prompt: Tensor, max_new_frames: int, on_frames: Callable[[Tensor, Tensor], None], *,
-                    text=None, speaker=None, cfg_scale: float | None = None, temperature: float = 1.0,
-                    top_k: int | None = None, top_p: float | None = None, greedy: bool = False,
-                    seed: int | None = None, use_cache: bool = True) -> Tensor:
-    """`lm.generate.generate(model, prompt [B, N_c, T0], max_new_frames, ...)` calling
-    `on_frames(codes [B, N_c, n], ends [B])` with the prompt's frames, then with each frame as it is
-    complete (0 past a row's end; ends: each row's length so far known, prompt included) -> lengths [B]."""
-    from lm.generate import _bind_conditions, iter_decode, make_generator, plan_generation
-    from lm.sampling import check_sampling_args, sample_next
-
-    check_sampling_args(temperature, top_k, top_p, greedy)
-    plan = plan_generation(model, prompt.to(model.device), max_new_frames)
-    choose = partial(sample_next, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
-                     generator=make_generator(seed, model.device))
-    delays, total = model.pattern.delays(), plan.prompt_frames + plan.new_frames
-    full = torch.full((prompt.shape[0],), total, dtype=torch.long, device=plan.seq.device)
-
-    def emit(start: int, stop: int) -> None:
-        ends = full if plan.end is None else plan.end.ends
-        past = torch.arange(start, stop, device=ends.device)[None, :] >= ends[:, None]
-        on_frames(frames_of(plan.seq, delays, start, stop).masked_fill(past[:, None, :], 0), ends.clone())
-
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            emit(0, plan.prompt_frames)
-            decoder = model if model.cfg.condition is None else _bind_conditions(model, text, speaker, cfg_scale, plan)
-            done = plan.prompt_frames
-            for step in iter_decode(decoder, plan, choose, use_cache=use_cache):
-                ready = min(step.step - max(delays) + 1, total)
-                if ready > done:
-                    emit(done, ready)
-                    done = ready
-            last = total if plan.end is None else int(plan.end.ends.max())
-            if last > done:
-                emit(done, last)
-    finally:
-        model.train(was_training)
-    return full if plan.end is None else plan.end.ends.clone()
-
-
 class ContinuationWriter:
     """Decodes frames as they come and appends each row's continuation to its GrowingWav (one per
     row), from the prompt's end to the row's end; keeps all audio for the .full files."""
@@ -151,6 +102,7 @@ class ContinuationWriter:
 def generate_streaming(args, lm_model, codec, prompt: Tensor, new_frames: int, paths: list) -> int:
     """`rvqlm generate --stream` from the parsed args: generate, write while generating, report."""
     from codec.audio import save_audio
+    from lm.generate import generate
 
     t0 = prompt.shape[-1]
     conditions = {} if lm_model.cfg.condition is None else {"text": args.text, "speaker": args.speaker,
@@ -159,9 +111,9 @@ def generate_streaming(args, lm_model, codec, prompt: Tensor, new_frames: int, p
     for p in paths:
         print(f"streaming to {p.continuation} (valid at every moment; follow it with a player)", file=sys.stderr)
     start = time.perf_counter()
-    lengths = generate_frames(lm_model, prompt, new_frames, writer.frames, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed,
-                              use_cache=not args.no_cache, **conditions)
+    _, lengths = generate(lm_model, prompt, new_frames, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache,
+                          on_frames=writer.frames, return_lengths=True, **conditions)
     wav = writer.finish(lengths)
     elapsed = time.perf_counter() - start
     hop, rate = codec.hop_length, codec.frame_rate
