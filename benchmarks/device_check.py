@@ -280,8 +280,10 @@ def check(tiny: bool, device: str, out: Path, budget: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("device_check.json"), help="the JSON report (default ./device_check.json)")
-    p.add_argument("--tiny", action="store_true", help="tiny models and data on the CPU, in seconds (the test suite's run)")
+    p.add_argument("--out", type=Path, default=Path("device_check.json"),
+                   help="the JSON report (default ./device_check.json)")
+    p.add_argument("--tiny", action="store_true",
+                   help="tiny models and data on the CPU, in seconds (the test suite's run)")
     p.add_argument("--device", default=None, help="torch device (default: cuda when there, else cpu; --tiny: cpu)")
     p.add_argument("--budget-s", type=float, default=None,
                    help=f"overall time limit in seconds (default {GPU_BUDGET_S}; --tiny {TINY_BUDGET_S})")

@@ -116,9 +116,10 @@ def test_lightning_ddp_on_one_gpu_trains_in_bf16(tmp_path):
 
     make_token_corpus(tmp_path / "tokens")
     data = TokenDataModule(str(tmp_path / "tokens"), window_frames=32, batch_size=4, batches_per_epoch=8)
-    module = LMTrainingModule(LMConfig(**{k: v for k, v in TINY_LM.items() if k not in ("n_codebooks", "codebook_size")}),
-                              n_codebooks=3, codebook_size=16, codec_fingerprint=data.codec_fingerprint, lr=1e-2,
-                              warmup_steps=1, export=False)
+    layout = ("n_codebooks", "codebook_size")  # given by the tokens, as LightningCLI links them
+    module = LMTrainingModule(LMConfig(**{k: v for k, v in TINY_LM.items() if k not in layout}), n_codebooks=3,
+                              codebook_size=16, codec_fingerprint=data.codec_fingerprint, lr=1e-2, warmup_steps=1,
+                              export=False)
     before = [p.detach().clone() for p in module.model.parameters()]
     trainer = pl.Trainer(accelerator="gpu", devices=1, strategy="ddp", precision="bf16-mixed", max_steps=4,
                          limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
