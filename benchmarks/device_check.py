@@ -10,7 +10,8 @@ corpus audio), generation frames/s at batch 1 and 64 (generate_speed.py) and the
 `cuda` (tests/test_cuda.py). Each section runs in its own process group under a time limit drawn
 from one overall budget, so a hang, a crash or a CUDA error stops that section only; it is
 recorded with its error. The JSON is rewritten (atomically) after every section. Needs only a
-stock CUDA PyTorch image's packages; pytest is optional (without it the tests are "skipped").
+stock CUDA PyTorch image's packages: without soundfile 16-bit WAV is read by Python's `wave`, and
+without pytest the same checks run from tests/cuda_checks.py directly.
 """
 
 from __future__ import annotations
@@ -168,8 +169,34 @@ def section_tokenize(tiny: bool, device: str) -> dict:
                                      "tokenize_audio_s_per_cpu_s": r["audio_s"] / r["cpu_s"]}}
 
 
+def section_cuda_checks(tiny: bool, device: str) -> dict:
+    """tests/cuda_checks.py without pytest: each check on `device`, skipped (as under pytest) without CUDA."""
+    import traceback
+
+    import torch
+
+    sys.path.insert(0, str(REPO / "tests"))
+    import cuda_checks
+
+    counts, errors = {"tests": len(cuda_checks.CHECKS), "failures": 0, "errors": 0, "skipped": 0}, {}
+    for check in cuda_checks.CHECKS:
+        if not (device.startswith("cuda") and torch.cuda.is_available()):
+            counts["skipped"] += 1
+            continue
+        try:
+            with tempfile.TemporaryDirectory() as tmp, cuda_checks.full_fp32():
+                check(device, Path(tmp))
+        except Exception:  # noqa: BLE001 - recorded, and the next check runs
+            counts["failures"] += 1
+            errors[check.__name__] = traceback.format_exc(limit=-3)
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["skipped"]
+    return {"result": {**counts, "runner": "plain (no pytest)", "failed_checks": errors},
+            "figures": {"cuda_tests_collected": counts["tests"]}}
+
+
 SECTIONS = {"lm_bf16_eager": section_lm_bf16_eager, "codec_train": section_codec_train,
-            "generate": section_generate, "tokenize": section_tokenize, "lm_bf16_compile": section_lm_bf16_compile}
+            "generate": section_generate, "tokenize": section_tokenize, "lm_bf16_compile": section_lm_bf16_compile,
+            "cuda_checks": section_cuda_checks}
 ORDER = ["lm_bf16_eager", "codec_train", "generate", "tokenize", "cuda_tests", "lm_bf16_compile"]
 
 
@@ -208,10 +235,15 @@ def run_section(name: str, limit: float, tiny: bool, device: str) -> dict:
         return {"status": "ok", **json.loads(out.read_text())}
 
 
-def run_cuda_tests(limit: float) -> dict:
-    """pytest -m cuda tests/test_cuda.py: counts from its JUnit XML (skipped without CUDA or pytest)."""
+def run_cuda_tests(limit: float, tiny: bool, device: str) -> dict:
+    """pytest -m cuda tests/test_cuda.py, counts from its JUnit XML; without pytest, the same checks
+    by `section_cuda_checks`. Without CUDA every test is skipped."""
     if not _has("pytest"):
-        return {"status": "skipped", "error": "pytest is not installed"}
+        entry = run_section("cuda_checks", limit, tiny, device)
+        failed = entry.get("result", {}).get("failures", 0)
+        if entry["status"] == "ok" and failed:
+            entry.update(status="failed", error=f"{failed} of {entry['result']['tests']} checks failed")
+        return entry
     import xml.etree.ElementTree as ET
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -225,7 +257,7 @@ def run_cuda_tests(limit: float) -> dict:
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
         counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    result = {"status": "ok" if code == 0 else "failed", "result": counts,
+    result = {"status": "ok" if code == 0 else "failed", "result": {**counts, "runner": "pytest"},
               "figures": {"cuda_tests_collected": counts["tests"]}}
     if code != 0:
         result.update(error=f"{counts['failures'] + counts['errors']} of {counts['tests']} tests failed",
@@ -260,9 +292,9 @@ def check(tiny: bool, device: str, out: Path, budget: float) -> dict:
         limit = min(LIMITS[name][tiny], deadline - time.monotonic())
         t0 = time.monotonic()
         if limit < 5:
-            entry = {"status": "skipped", "error": "no time left in the overall budget"}
+            entry = {"status": "not_run", "error": "no time left in the overall budget"}
         elif name == "cuda_tests":
-            entry = run_cuda_tests(limit)
+            entry = run_cuda_tests(limit, tiny, device)
         else:
             entry = run_section(name, limit, tiny, device)
         entry["seconds"] = round(time.monotonic() - t0, 1)
