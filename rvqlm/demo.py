@@ -31,6 +31,9 @@ from rvqlm.foreign_clips import TABLE as FOREIGN_TABLE
 from rvqlm.foreign_clips import TITLE as FOREIGN_TITLE
 from rvqlm.foreign_clips import ForeignClips, foreign_speaker_clips
 from rvqlm.report import ReportClip, write_clip
+from rvqlm.masked_demo import TABLE as MASKED_TABLE
+from rvqlm.masked_demo import TITLE as MASKED_TITLE
+from rvqlm.masked_demo import MaskedSection, masked_continuations
 from rvqlm.say_it import TABLE as SAY_IT_TABLE
 from rvqlm.say_it import TITLE as SAY_IT_TITLE
 from rvqlm.say_it import SayIt, say_it_clips
@@ -40,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHIPPED_CODEC = REPO / "models" / "codec-speech-16k"
 SHIPPED_LM = REPO / "models" / "lm-speech-16k"
 SHIPPED_CONDITIONED_LM = REPO / "models" / "lm-speech-conditioned-16k"
+SHIPPED_MASKED_LM = REPO / "models" / "lm-masked-speech-16k"
 DEMO_LM_RECIPE = REPO / "recipes" / "lm_demo.yaml"  # from scratch, when no shipped LM fits the codec
 FINETUNE_LM_RECIPE = REPO / "recipes" / "lm_speech.yaml"  # the shipped LM's own recipe
 
@@ -68,6 +72,7 @@ class DemoSettings:
     conditioned_lm: Path = SHIPPED_CONDITIONED_LM  # the "Say it" section, when it fits the codec
     say_it_lines: int = 4  # held-out lines said in both voices (0: leave the section out)
     say_it_cfg: float = 3.0  # classifier-free guidance scale
+    masked_lm: Path = SHIPPED_MASKED_LM  # the masked-LM continuations, when it fits the codec
 
 
 @dataclass
@@ -123,11 +128,13 @@ def run_demo(s: DemoSettings = DemoSettings()) -> Path:
 
     say("5/6 generating continuations of held-out prompts, and held-out lines from their text")
     continuations = continue_prompts(s, codec, model, prompts, out)
+    masked = masked_continuations(codec, s.masked_lm, prompts, s.prompt_seconds, s.continuation_seconds, out,
+                                  temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed, say=say)
     said = say_it_clips(codec, s.conditioned_lm, corpus, s.say_it_lines, out, cfg_scale=s.say_it_cfg, seed=s.seed,
                         say=say)
 
     say("6/6 writing the listening report")
-    page = write_demo_report(s, codec, init, recon, foreign, continuations, said, held_out, say.minutes())
+    page = write_demo_report(s, codec, init, recon, foreign, continuations, said, held_out, say.minutes(), masked)
     say(f"done in {say.minutes():.1f} min: open {page}")
     return page
 
@@ -277,7 +284,8 @@ def continue_prompts(s: DemoSettings, codec, model, prompts: list[Path], out: Pa
             prompt_audio = codec.decode(codes)[0]
         name = f"prompt{i + 1}"
         nll = model.log_likelihood(full[:, :, n_prompt_frames - 1:]).item() / (n_new * codec.n_codebooks)
-        m = {"real-time factor": f"{seconds / s.continuation_seconds:.2f}", "model NLL nats/token": f"{nll:.2f}"}
+        m = {"generation s": f"{seconds:.2f}", "real-time factor": f"{seconds / s.continuation_seconds:.2f}",
+             "model NLL nats/token": f"{nll:.2f}"}
         done.table.append({"clip": name, **m})
         done.rows.append([
             write_clip(out, f"{name}-prompt", prompt_audio, sr, f"prompt ({s.prompt_seconds:g} s, codec tokens)", {}),
@@ -288,7 +296,8 @@ def continue_prompts(s: DemoSettings, codec, model, prompts: list[Path], out: Pa
 
 
 def write_demo_report(s: DemoSettings, codec, init: Path | None, recon: Samples, foreign: ForeignClips,
-                      continuations: Samples, said: SayIt, held_out: dict, minutes: float) -> Path:
+                      continuations: Samples, said: SayIt, held_out: dict, minutes: float,
+                      masked: MaskedSection | None = None) -> Path:
     """`index.html` (notes, tables, clips) and `metrics.json` (the tables) in `s.samples_dir`."""
     from rvqlm.report import ReportSection, write_report
     from rvqlm_core.atomic import atomic_write_text
@@ -296,6 +305,7 @@ def write_demo_report(s: DemoSettings, codec, init: Path | None, recon: Samples,
     out = Path(s.samples_dir)
     tables = {"Reconstruction of held-out speech": recon.table,
               **({FOREIGN_TABLE: foreign.table} if foreign.table else {}), "Continuations": continuations.table,
+              **({MASKED_TABLE: masked.table} if masked and masked.table else {}),
               **({SAY_IT_TABLE: said.table} if said.table else {}),
               "Held-out negative log-likelihood, valid split (nats/token)": [
                   {"codebook": str(c), "LM": f"{v:.3f}", "unigram baseline": f"{u:.3f}"}
@@ -308,6 +318,7 @@ def write_demo_report(s: DemoSettings, codec, init: Path | None, recon: Samples,
         ReportSection(FOREIGN_TITLE, foreign.description, foreign.rows),
         ReportSection("LM continuations", "The first seconds of each held-out line are the prompt; the rest is "
                       f"sampled ({_sampling_words(s)}).", continuations.rows),
+        *([ReportSection(MASKED_TITLE, masked.description, masked.rows)] if masked else []),
         ReportSection(SAY_IT_TITLE, said.description, said.rows),
     ]
     page = write_report(out, "rvqlm demo: speech codec and LM continuations", sections, tables, notes)

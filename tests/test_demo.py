@@ -77,7 +77,7 @@ def demo(corpus_dir, fake_voices, tmp_path_factory):
                  "--corpus", str(corpus_dir), "--corpus-files", "4", "--lm-minutes", "0", "--prompts", "1",
                  "--prompt-seconds", str(PROMPT_SECONDS), "--seconds", str(SECONDS),
                  "--voices", str(fake_voices), "--foreign-clips", "2",
-                 "--conditioned-lm", str(root / "no-conditioned-lm")])
+                 "--conditioned-lm", str(root / "no-conditioned-lm"), "--masked-lm", str(root / "no-masked-lm")])
     assert code == 0
     return root / "samples", root / "work"
 

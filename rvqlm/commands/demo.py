@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--conditioned-lm", type=Path, default=None,
                    help="text- and speaker-conditioned LM for the \"Say it\" section (default "
                         "models/lm-speech-conditioned-16k; without one that fits the codec the page says how to get it)")
+    p.add_argument("--masked-lm", type=Path, default=None,
+                   help="masked LM whose continuations of the same prompts go beside the AR LM's (default "
+                        "models/lm-masked-speech-16k; without one that fits the codec the page says how to get it)")
     p.add_argument("--say-it-lines", type=int, default=4,
                    help="held-out lines said in both voices (default 4; 0: leave the section out)")
     p.add_argument("--seed", type=int, default=1)
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--foreign-clips and --say-it-lines must be >= 0")
     paths = {"samples_dir": args.samples, "work_dir": args.work_dir, "corpus_dir": args.corpus,
              "tokens_dir": args.tokens, "codec_dir": args.codec, "lm_recipe": args.lm_recipe,
-             "voices_dir": args.voices, "conditioned_lm": args.conditioned_lm}
+             "voices_dir": args.voices, "conditioned_lm": args.conditioned_lm, "masked_lm": args.masked_lm}
     run_demo(DemoSettings(**{k: v for k, v in paths.items() if v is not None}, lm_minutes=args.lm_minutes,
                           corpus_files_per_split=args.corpus_files, foreign_clips=args.foreign_clips,
                           say_it_lines=args.say_it_lines,
