@@ -61,5 +61,6 @@ def test_the_cuda_tests_run_under_pytest_and_skip_without_cuda():
     entry = run_cuda_tests(120, tiny=True, device="cpu")
     assert entry["status"] == "ok", entry
     result = entry["result"]
-    assert result["runner"] == "pytest" and result["tests"] == result["skipped"] == entry["figures"]["cuda_tests_collected"]
+    assert result["runner"] == "pytest"
+    assert result["tests"] == result["skipped"] == entry["figures"]["cuda_tests_collected"]
     assert result["tests"] >= 5 and result["failures"] == result["errors"] == 0
