@@ -37,10 +37,11 @@ if str(REPO) not in sys.path:  # run as a script without the package installed
 from rvqlm_core.atomic import atomic_write_json  # noqa: E402
 
 TINY_LM = dict(n_codebooks=4, codebook_size=64, d_model=32, n_layers=2, n_heads=2, max_seq_len=64)
-#: Per section: (GPU limit s, --tiny limit s); the overall budget caps them in order.
-LIMITS = {"lm_bf16_eager": (90, 90), "codec_train": (90, 60), "generate": (90, 60), "tokenize": (120, 90),
-          "cuda_tests": (150, 90), "lm_bf16_compile": (240, 90)}
-GPU_BUDGET_S, TINY_BUDGET_S = 450, 240
+#: Per section: (GPU limit s, --tiny limit s); the overall budget caps them in order. --tiny's are
+#: wide: it checks that everything runs (seconds of CPU), on machines that may be busy.
+LIMITS = {"lm_bf16_eager": (90, 300), "codec_train": (90, 300), "generate": (90, 300), "tokenize": (120, 300),
+          "cuda_tests": (150, 300), "lm_bf16_compile": (240, 300)}
+GPU_BUDGET_S, TINY_BUDGET_S = 450, 1200
 
 
 def _has(module: str) -> bool:

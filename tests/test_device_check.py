@@ -37,7 +37,7 @@ def test_tiny_device_check_writes_every_figure_without_soundfile_or_pytest(tmp_p
     out = tmp_path / "check.json"
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path / "site")}
     proc = subprocess.run(["bash", str(REPO / "scripts" / "device_check.sh"), "--tiny", "--out", str(out)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
     report = json.loads(out.read_text())
     failed = {name: s.get("error") for name, s in report["sections"].items() if s["status"] != "ok"}
     assert proc.returncode == 0 and not failed and not report["failed"], (failed, proc.stderr[-3000:])
