@@ -11,10 +11,12 @@ pattern step, with its KV cache; masked: chunks x sum of steps), wall time and f
 and which bound each run sits against: its FLOPs at the measured fp32 matmul peak, or its weight
 reads (every parameter once per call) at the measured memory bandwidth, whichever is longer.
 
-Quality, on the batch of all prompts (both at --temperature / --top-k), next to the real audio that
+Quality, on the batch of all prompts (both at --temperature / --top-k; default plain sampling), next to the real audio that
 follows the prompts in their files: NLL of the continuation under the AR LM, repetition share and
 silence share (benchmarks/continuation_quality.py) and DNSMOS OVRL (speechmos, offline) of the
 decoded continuation. --sweep varies level 0's steps (the other levels as --steps) for time and quality.
+--one-pass adds the masked LM run over prompt + continuation as one window (a RoPE model stretched
+past the windows it was trained on: one chunk, so sum(steps) calls in all).
 
 Masked NLL per level on the split at each of --ratios (lm.masked_training.masked_held_out_report:
 level q hidden at the ratio, finer levels hidden, coarser visible; `--score-windows` evenly spaced windows).
@@ -90,24 +92,42 @@ def run_masked(masked, prompts: torch.Tensor, new_frames: int, args, seed: int, 
 
 # ---- measurements ---------------------------------------------------------------------------------------
 
+def one_pass(masked, frames: int):
+    """The masked LM with its context stretched to `frames` (RoPE only: same weights), so a whole
+    continuation is one window: positions past its training windows, measured, not promised."""
+    import dataclasses
+
+    from lm.masked_model import MaskedLM
+
+    if masked.cfg.pos != "rope":
+        raise ValueError(f"--one-pass needs a RoPE masked LM (its positions have no table); this one uses {masked.cfg.pos}")
+    wide = MaskedLM(dataclasses.replace(masked.cfg, max_seq_len=max(frames, masked.cfg.max_seq_len))).eval()
+    wide.load_state_dict(masked.state_dict())
+    return wide
+
+
+def masked_variants(masked, total_frames: int, args) -> list[tuple[str, object]]:
+    """("masked", the model) and, with --one-pass, ("masked 1 pass", it stretched over the whole clip)."""
+    return [("masked", masked)] + ([("masked 1 pass", one_pass(masked, total_frames))] if args.one_pass else [])
+
+
 def speed(ar, masked, prompts: torch.Tensor, new_frames: int, args, frame_rate: float, machine: dict) -> list[dict]:
     """One row per (family, batch size): calls per audio second, wall time, frames/s and the bound."""
     from lm.masked_generate import model_calls, steps_per_level
 
     t0, seconds = prompts.shape[-1], new_frames / frame_rate
     steps = steps_per_level(args.steps, masked.cfg.n_codebooks)
-    m_calls = model_calls(t0, new_frames, masked.cfg.max_frames, steps)
-    a_calls = ar_calls(ar, t0, new_frames)
+    runs = [("AR (KV cache)", ar, ar_calls(ar, t0, new_frames), 1,
+             lambda p: run_ar(ar, p, new_frames, args, args.seed))]
+    for name, model in masked_variants(masked, t0 + new_frames, args):
+        runs.append((name, model, model_calls(t0, new_frames, model.cfg.max_frames, steps), model.cfg.max_frames,
+                     lambda p, m=model: run_masked(m, p, new_frames, args, args.seed, steps)))
     rows = []
     for b in args.batch_sizes:
         groups = ([prompts[i:i + 1] for i in range(min(args.timing_prompts, len(prompts)))] if b == 1
                   else [prompts[:b]])
-        for name, calls, frames_per_call, run in (
-                ("AR (KV cache)", a_calls, 1.0, lambda p: run_ar(ar, p, new_frames, args, args.seed)),
-                ("masked", m_calls, masked.cfg.max_frames, lambda p: run_masked(masked, p, new_frames, args,
-                                                                                args.seed, steps))):
+        for name, model, calls, frames_per_call, run in runs:
             wall = statistics.median(run(p)[1] for p in groups)
-            model = ar if name.startswith("AR") else masked
             rows.append({"family": name, "batch": int(groups[0].shape[0]), "calls_per_audio_s": calls / seconds,
                          "wall_s": wall, "frames_per_s": groups[0].shape[0] * new_frames / wall,
                          **bound(model, calls, min(frames_per_call, t0 + new_frames), groups[0].shape[0],
@@ -137,10 +157,11 @@ def compare_quality(ar, masked, codec, prompts, new_frames: int, args) -> dict:
     ar_codes, ar_s = run_ar(ar, prompts.codes, new_frames, args, args.seed)
     out = {"AR (KV cache)": {**quality(ar, codec, ar_codes, start, args), "wall_s": ar_s}}
     base = steps_per_level(args.steps, masked.cfg.n_codebooks)
-    for first in [base[0], *[s for s in args.sweep if s != base[0]]]:
-        steps = [first, *base[1:]]
-        codes, wall = run_masked(masked, prompts.codes, new_frames, args, args.seed, steps)
-        out[f"masked {','.join(map(str, steps))}"] = {**quality(ar, codec, codes, start, args), "wall_s": wall}
+    for name, model in masked_variants(masked, start + new_frames, args):
+        for first in [base[0], *([s for s in args.sweep if s != base[0]] if name == "masked" else [])]:
+            steps = [first, *base[1:]]
+            codes, wall = run_masked(model, prompts.codes, new_frames, args, args.seed, steps)
+            out[f"{name} {','.join(map(str, steps))}"] = {**quality(ar, codec, codes, start, args), "wall_s": wall}
     real = [r for r in prompts.real if r.shape[-1] > start]
     if real:
         out["real audio"] = {**_real_quality(ar, codec, real, start, args), "wall_s": float("nan")}
@@ -177,10 +198,12 @@ def parse_args(argv):
     p.add_argument("--batch-sizes", default="1,8")
     p.add_argument("--steps", default=None, help="masked steps per level (default 16,4,2,1,1,1,1,1)")
     p.add_argument("--sweep", default="4,8,16,32", help="level-0 step counts to compare ('' for none)")
+    p.add_argument("--one-pass", action="store_true",
+                   help="also run the masked LM over the whole clip in one window (RoPE past its training context)")
     p.add_argument("--ratios", default="0.5", help="mask ratios of the per-level masked NLL")
     p.add_argument("--score-windows", type=int, default=64, help="windows of the split the masked NLL scores")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=250)
+    p.add_argument("--top-k", type=int, default=None, help="default: none (plain sampling, the AR LM's best)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ngram", type=int, default=8)
     p.add_argument("--silence-dbfs", type=float, default=-40.0)
@@ -240,9 +263,9 @@ def report_lines(result: dict) -> list[str]:
     for r in result["speed"]:
         lines.append(f"{r['family']:<14} {r['batch']:>5d} {r['calls_per_audio_s']:>13.2f} {r['wall_s']:>8.2f} "
                      f"{r['frames_per_s']:>9.1f} {r['flops_s']:>12.2f} {r['weights_s']:>12.2f}  {r['bound']}")
-    lines.append(f"{'continuation':<22} {'AR NLL':>7} {'rep share':>9} {'silence':>8} {'DNSMOS':>7} {'wall s':>7}")
+    lines.append(f"{'continuation':<30} {'AR NLL':>7} {'rep share':>9} {'silence':>8} {'DNSMOS':>7} {'wall s':>7}")
     for name, q in result["quality"].items():
-        lines.append(f"{name:<22} {q['nll']:>7.3f} {q['rep_share']:>9.3f} {q['silence']:>8.3f} "
+        lines.append(f"{name:<30} {q['nll']:>7.3f} {q['rep_share']:>9.3f} {q['silence']:>8.3f} "
                      f"{q['dnsmos_ovrl']:>7.2f} {q['wall_s']:>7.2f}")
     for ratio, per_level in result["masked_nll"].items():
         lines.append(f"masked NLL at ratio {ratio}: " + " ".join(f"{x:.3f}" for x in per_level))

@@ -78,13 +78,14 @@ def test_the_script_measures_both_families_end_to_end(setup, tmp_path, capsys, m
     assert bench.main(["--masked", str(root / "masked"), "--ar", str(root / "ar"), "--codec", str(root / "codec"),
                        "--tokens", str(root / "tokens"), "--prompts", "2", "--timing-prompts", "2",
                        "--prompt-seconds", "0.2", "--seconds", "0.6", "--batch-sizes", "1,2", "--steps", "4,2",
-                       "--sweep", "8", "--ratios", "0.5,1", "--score-windows", "4", "--json", str(out)]) == 0
+                       "--sweep", "8", "--one-pass", "--ratios", "0.5,1", "--score-windows", "4", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     speed = {(r["family"], r["batch"]): r for r in result["speed"]}
-    assert set(speed) == {("AR (KV cache)", 1), ("masked", 1), ("AR (KV cache)", 2), ("masked", 2)}
+    assert set(speed) == {(f, b) for f in ("AR (KV cache)", "masked", "masked 1 pass") for b in (1, 2)}
     assert speed[("AR (KV cache)", 1)]["calls_per_audio_s"] == pytest.approx((30 + 1) / 0.6)
     assert speed[("masked", 1)]["calls_per_audio_s"] == pytest.approx(3 * 6 / 0.6)  # 3 chunks x (4 + 2) steps
-    assert set(result["quality"]) == {"AR (KV cache)", "masked 4,2", "masked 8,2", "real audio"}
+    assert speed[("masked 1 pass", 1)]["calls_per_audio_s"] == pytest.approx((4 + 2) / 0.6)  # one 40-frame window
+    assert set(result["quality"]) == {"AR (KV cache)", "masked 4,2", "masked 8,2", "masked 1 pass 4,2", "real audio"}
     for q in result["quality"].values():
         assert q["prompts"] >= 1 and 0 <= q["rep_share"] <= 1 and np.isfinite(q["nll"]) and q["dnsmos_ovrl"] > 0
     assert set(result["masked_nll"]) == {"0.5", "1.0"} and len(result["masked_nll"]["0.5"]) == 2
