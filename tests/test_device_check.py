@@ -64,3 +64,18 @@ def test_the_cuda_tests_run_under_pytest_and_skip_without_cuda():
     assert result["runner"] == "pytest"
     assert result["tests"] == result["skipped"] == entry["figures"]["cuda_tests_collected"]
     assert result["tests"] >= 5 and result["failures"] == result["errors"] == 0
+
+
+def test_a_failed_or_timed_out_section_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch):
+    import benchmarks.device_check as dc
+
+    stopped = dc.run_section("lm_bf16_eager", 1.0, True, "cpu")  # killed while importing torch
+    assert stopped["status"] == "timeout" and "limit of 1 s" in stopped["error"]
+    monkeypatch.setattr(dc, "ORDER", ["no_such_section", "generate"])
+    monkeypatch.setattr(dc, "LIMITS", {"no_such_section": (60, 60), "generate": (60, 300)})
+    report = dc.check(True, "cpu", tmp_path / "check.json", budget=600)
+    assert report == json.loads((tmp_path / "check.json").read_text())  # written after the last section
+    assert report["failed"] == ["no_such_section"]
+    assert report["sections"]["no_such_section"]["status"] == "failed"
+    assert "invalid choice" in report["sections"]["no_such_section"]["error"]
+    assert report["sections"]["generate"]["status"] == "ok" and report["figures"]["generate_b1_frames_per_s"] > 0
