@@ -1,7 +1,7 @@
 """One-go device check: what a GPU at hand for ten minutes should measure, into one JSON.
 
-    bash scripts/device_check.sh --out device_check.json      # on a GPU: under 8 minutes
-    bash scripts/device_check.sh --tiny --out /tmp/dc.json     # on the CPU, tiny models, seconds
+    bash scripts/device_check.sh --out device_check.json      # on a GPU: a 450 s budget in all
+    bash scripts/device_check.sh --tiny --out /tmp/dc.json     # on the CPU, tiny models, ~30 s of CPU
 
 Sections: LM training speed in bf16, eager and under torch.compile (tokens/s, MFU against the
 bf16 matmul peak measured in the same process: benchmarks/lm_train_speed.py), the codec's
@@ -52,6 +52,15 @@ def _has(module: str) -> bool:
         return False
 
 
+def _peak_memory(device: str) -> dict:
+    """{"peak_memory_gib": the most this process had allocated on a CUDA device}, {} elsewhere."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return {}
+    return {"peak_memory_gib": torch.cuda.max_memory_allocated(torch.device(device)) / 2**30}
+
+
 # ---- sections: each runs in a fresh process and returns {"result": ..., "figures": {name: number}} ----
 
 def _lm(tiny: bool, device: str, compiled: bool) -> dict:
@@ -64,7 +73,7 @@ def _lm(tiny: bool, device: str, compiled: bool) -> dict:
     r = time_steps(size["frames"], size["batch"], torch.get_num_threads(), "bf16", compiled, size["warmup"],
                    size["steps"], device=device, model=size["model"], peak_dtype=torch.bfloat16,
                    peak_n=size["peak_n"], compile_backend="eager" if tiny else "inductor")
-    r.update(frames=size["frames"], batch=size["batch"], device=device)
+    r.update(frames=size["frames"], batch=size["batch"], device=device, **_peak_memory(device))
     tag = "lm_bf16_compile" if compiled else "lm_bf16_eager"
     figures = {f"{tag}_tokens_per_s": r["tokens_per_s"], f"{tag}_mfu": r["mfu"],
                f"{tag}_peak_bf16_tflops": r["peak_gflops"] / 1e3}
@@ -91,7 +100,8 @@ def section_codec_train(tiny: bool, device: str) -> dict:
     name = "istft dim 384 x 8 (shipped)"
     wav = torch.randn(batch, 1, int(16000 * seconds)) * 0.1
     step_s = statistics.median(time_codec_steps(CodecConfig(**CONFIGS[name]), wav, steps, device=device))
-    result = {"config": name, "batch": batch, "crop_seconds": seconds, "steps": steps, "step_s": step_s}
+    result = {"config": name, "batch": batch, "crop_seconds": seconds, "steps": steps, "step_s": step_s,
+              "precision": "fp32", **_peak_memory(device)}
     return {"result": result, "figures": {"codec_train_steps_per_s": 1 / step_s,
                                           "codec_train_audio_s_per_s": batch * seconds / step_s}}
 
@@ -116,6 +126,7 @@ def section_generate(tiny: bool, device: str) -> dict:
         result[f"batch_{batch}"] = {"wall_s": wall, "cpu_s": cpu, "frames_per_s": frames / wall}
         figures[f"generate_b{batch}_frames_per_s"] = frames / wall
         figures[f"generate_b{batch}_frames_per_s_all_rows"] = batch * frames / wall
+    result.update(_peak_memory(device))
     return {"result": result, "figures": figures}
 
 
@@ -273,13 +284,16 @@ def environment(device: str) -> dict:
            "cpus": os.cpu_count(), "host": platform.node(), "device": device,
            "packages": {m: _has(m)
                         for m in ("lightning", "einops", "safetensors", "torchaudio", "numpy", "soundfile", "pytest")}}
-    if device.startswith("cuda"):
-        props = torch.cuda.get_device_properties(torch.device(device))
-        env.update(gpu=props.name, gpu_memory_gib=props.total_memory / 2**30,
-                   capability=f"{props.major}.{props.minor}", gpus=torch.cuda.device_count())
-    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True) \
-        if (REPO / ".git").exists() else None
-    env["commit"] = git.stdout.strip() if git is not None and git.returncode == 0 else None
+    try:
+        if device.startswith("cuda"):
+            props = torch.cuda.get_device_properties(torch.device(device))
+            env.update(gpu=props.name, gpu_memory_gib=props.total_memory / 2**30,
+                       capability=f"{props.major}.{props.minor}", gpus=torch.cuda.device_count(),
+                       tf32_matmul=torch.backends.cuda.matmul.allow_tf32, tf32_cudnn=torch.backends.cudnn.allow_tf32)
+        git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        env["commit"] = git.stdout.strip() if git.returncode == 0 else None
+    except Exception as e:  # noqa: BLE001 - a broken driver or no git: the sections still run and say more
+        env["error"] = f"{type(e).__name__}: {e}"
     return env
 
 
