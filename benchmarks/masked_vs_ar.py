@@ -26,13 +26,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks.continuation_quality import held_out_prompts, measure
-from rvqlm.cli import run_script
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: benchmarks/ is a package of the repository
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.continuation_quality import held_out_prompts, measure  # noqa: E402
+from rvqlm.cli import run_script  # noqa: E402
 
 
 # ---- machine bounds ---------------------------------------------------------------------------------
