@@ -12,6 +12,8 @@
 #   LM_STEPS     LM stage-1 steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
 #   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; the shipped LM:
 #                300; 0: none)
+#   MASKED_STEPS the masked LM (recipes/lm_masked_speech.yaml, from the shipped AR LM; 0: none, the
+#                default; models/lm-masked-speech-16k when set)
 # Training is reproducible up to float non-determinism across thread counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +22,7 @@ CODEC_STEPS2=${CODEC_STEPS2:-2500}
 CODEC_STEPS3=${CODEC_STEPS3:-5000}
 LM_STEPS=${LM_STEPS:?set LM_STEPS}
 LM_STEPS2=${LM_STEPS2:-0}
+MASKED_STEPS=${MASKED_STEPS:-0}
 RVQLM=.venv/bin/rvqlm
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
@@ -75,3 +78,12 @@ rm -rf runs/shipped-lm
 $RVQLM export-lm "$lm" runs/shipped-lm --dtype float16
 cp runs/shipped-lm/config.json runs/shipped-lm/model.safetensors models/lm-speech-16k/
 $RVQLM eval-lm --lm models/lm-speech-16k --tokens "$tokens" --split valid --unigram
+if [ "$MASKED_STEPS" -gt 0 ]; then
+  $RVQLM train-masked-lm --config recipes/lm_masked_speech.yaml --data.tokens_dir "$tokens" \
+      --trainer.max_steps "$MASKED_STEPS" --model.total_steps "$MASKED_STEPS"
+  rm -rf runs/shipped-masked-lm
+  $RVQLM export-lm runs/lm_masked_speech/pretrained runs/shipped-masked-lm --dtype float16
+  mkdir -p models/lm-masked-speech-16k
+  cp runs/shipped-masked-lm/config.json runs/shipped-masked-lm/model.safetensors models/lm-masked-speech-16k/
+  $RVQLM eval-lm --lm models/lm-masked-speech-16k --tokens "$tokens" --split valid
+fi
