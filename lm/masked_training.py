@@ -92,13 +92,16 @@ class MaskedLMTrainingModule(LMTrainingModule):
         return out.loss + self.lm_config.moe_aux_weight * aux
 
     def _log_losses(self, stage: str, nll_sum: Tensor, count: Tensor, loss: Tensor | None = None) -> None:
-        """LMTrainingModule's logging, but a training batch logs only the levels it drew (others have no targets)."""
-        if stage != "train":
-            return super()._log_losses(stage, nll_sum, count, loss)
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
-        self.log("train/ppl", loss.exp(), on_step=True, on_epoch=False)
+        """LMTrainingModule's metrics, each level's only where it had targets (a training batch draws a few)."""
+        on_step = stage == "train"
+        kw = dict(on_step=on_step, on_epoch=not on_step, sync_dist=False)
+        overall = loss if loss is not None else (nll_sum.sum() / count.sum().clamp(min=1)).float()
+        self.log(f"{stage}/loss", overall, prog_bar=True, **kw)
+        self.log(f"{stage}/ppl", overall.exp(), **kw)
         for q in count.nonzero()[:, 0].tolist():
-            self.log(f"train/loss_cb{q}", (nll_sum[q] / count[q]).float(), on_step=True, on_epoch=False)
+            level = (nll_sum[q] / count[q]).float()
+            self.log(f"{stage}/loss_cb{q}", level, **kw)
+            self.log(f"{stage}/ppl_cb{q}", level.exp(), **kw)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         g = seeded_generator(self.device, "valid", VALID_SEED, batch_idx, self.global_rank)
