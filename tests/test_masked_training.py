@@ -92,6 +92,22 @@ def test_validation_logs_per_level_losses_from_a_fixed_masking(full_run):
     assert {"val/loss", "val/loss_cb0", "val/loss_cb2", "train/loss_cb1"} <= set(header)
 
 
+def test_validation_masks_are_fixed_whatever_the_global_rng(tokens):
+    cfg = LMConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=32, pattern="parallel", family="masked")
+    module = MaskedLMTrainingModule(cfg, n_codebooks=3, codebook_size=16, measure_peak=False).eval()
+    batch = next(iter(ValidWindows(TokenFiles.of_split(tokens, "valid"), 3, 32, 4)))
+    sums = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        module.on_validation_epoch_start()
+        module.validation_step(batch, 0)
+        sums.append((module._val_nll.clone(), module._val_count.clone()))
+    assert torch.equal(sums[0][0], sums[1][0]) and torch.equal(sums[0][1], sums[1][1])
+    module.on_validation_epoch_start()
+    module.validation_step(batch, 1)  # another batch index draws other masks
+    assert not torch.equal(module._val_count, sums[0][1]) or not torch.equal(module._val_nll, sums[0][0])
+
+
 def test_scoring_masks_the_same_way_every_time(full_run, tokens):
     model = load_lm(full_run[0] / "pretrained")
     windows = ValidWindows(TokenFiles.of_split(tokens, "valid"), 3, 32, 4)
