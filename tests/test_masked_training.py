@@ -19,7 +19,7 @@ from lm.data import TokenFiles, ValidWindows
 from lm.masked_training import MaskedLMTrainingModule, masked_nll, masked_train_main
 from rvqlm.cli import main as rvqlm_main
 from test_lm_data import FINGERPRINT, make_token_corpus
-from test_lm_training import KillAtStep, RecordLosses, callback_arg, read_losses
+from test_lm_training import KillAtStep, RecordLosses, SaveRankWeights, callback_arg, read_losses
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "recipes" / "lm_masked_tiny.yaml")
@@ -77,12 +77,28 @@ def test_killed_masked_run_resumes_exactly_and_the_tiny_recipe_learns(tokens, fu
         assert torch.equal(a, b), name
 
 
-def _run_masked_subprocess(args: list[str]):
+def _run_masked_subprocess(args: list[str], timeout: int = 120):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")
     rvqlm = Path(sys.executable).with_name("rvqlm")
     return subprocess.run([str(rvqlm), "train-masked-lm", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=timeout)
+
+
+def test_two_ddp_ranks_end_with_identical_weights(tokens, tmp_path):
+    """DDP as for the AR LM: each rank draws its own masks (the seed has the rank), gradients are averaged."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "ranks"
+    out.mkdir()
+    proc = _run_masked_subprocess(tiny_args(tokens, tmp_path / "run", "--trainer.strategy", "ddp",
+                                            "--trainer.devices", "2", "--trainer.max_steps", "3",
+                                            callback_arg(SaveRankWeights, out=str(out))), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = load_file(str(out / "rank0.safetensors")), load_file(str(out / "rank1.safetensors"))
+    assert not torch.equal(r0.pop("first_batch"), r1.pop("first_batch"))
+    for name in r0:
+        assert torch.equal(r0[name], r1[name]), name
 
 
 def test_validation_logs_per_level_losses_from_a_fixed_masking(full_run):
