@@ -15,8 +15,8 @@ Quality, on the batch of all prompts (both at --temperature / --top-k; default p
 follows the prompts in their files: NLL of the continuation under the AR LM, repetition share and
 silence share (benchmarks/continuation_quality.py) and DNSMOS OVRL (speechmos, offline) of the
 decoded continuation. --sweep varies level 0's steps (the other levels as --steps) for time and quality.
---one-pass adds the masked LM run over prompt + continuation as one window (a RoPE model stretched
-past the windows it was trained on: one chunk, so sum(steps) calls in all).
+--one-pass adds the masked LM run over prompt + continuation as one window (`window=`, a RoPE model
+stretched past the windows it was trained on: one chunk, so sum(steps) calls in all).
 
 Masked NLL per level on the split at each of --ratios (lm.masked_training.masked_held_out_report:
 level q hidden at the ratio, finer levels hidden, coarser visible; `--score-windows` evenly spaced windows).
@@ -89,32 +89,20 @@ def run_ar(ar, prompts: torch.Tensor, new_frames: int, args, seed: int) -> tuple
     return codes, time.perf_counter() - t0
 
 
-def run_masked(masked, prompts: torch.Tensor, new_frames: int, args, seed: int, steps) -> tuple[torch.Tensor, float]:
+def run_masked(masked, prompts: torch.Tensor, new_frames: int, args, seed: int, steps,
+               window: int | None = None) -> tuple[torch.Tensor, float]:
     t0 = time.perf_counter()
     codes = masked.generate(prompts, new_frames, steps=steps, temperature=args.temperature, top_k=args.top_k,
-                            seed=seed)
+                            seed=seed, window=window)
     return codes, time.perf_counter() - t0
 
 
 # ---- measurements ---------------------------------------------------------------------------------------
 
-def one_pass(masked, frames: int):
-    """The masked LM with its context stretched to `frames` (RoPE only: same weights), so a whole
-    continuation is one window: positions past its training windows, measured, not promised."""
-    import dataclasses
-
-    from lm.masked_model import MaskedLM
-
-    if masked.cfg.pos != "rope":
-        raise ValueError(f"--one-pass needs a RoPE masked LM (its positions have no table); this one uses {masked.cfg.pos}")
-    wide = MaskedLM(dataclasses.replace(masked.cfg, max_seq_len=max(frames, masked.cfg.max_seq_len))).eval()
-    wide.load_state_dict(masked.state_dict())
-    return wide
-
-
-def masked_variants(masked, total_frames: int, args) -> list[tuple[str, object]]:
-    """("masked", the model) and, with --one-pass, ("masked 1 pass", it stretched over the whole clip)."""
-    return [("masked", masked)] + ([("masked 1 pass", one_pass(masked, total_frames))] if args.one_pass else [])
+def masked_variants(masked, total_frames: int, args) -> list[tuple[str, int]]:
+    """("masked", its window) and, with --one-pass, ("masked 1 pass", the whole clip as one window)."""
+    return [("masked", masked.cfg.max_frames)] + ([("masked 1 pass", max(total_frames, masked.cfg.max_frames))]
+                                                   if args.one_pass else [])
 
 
 def speed(ar, masked, prompts: torch.Tensor, new_frames: int, args, frame_rate: float, machine: dict) -> list[dict]:
@@ -125,9 +113,9 @@ def speed(ar, masked, prompts: torch.Tensor, new_frames: int, args, frame_rate: 
     steps = steps_per_level(args.steps, masked.cfg.n_codebooks)
     runs = [("AR (KV cache)", ar, ar_calls(ar, t0, new_frames), 1,
              lambda p: run_ar(ar, p, new_frames, args, args.seed))]
-    for name, model in masked_variants(masked, t0 + new_frames, args):
-        runs.append((name, model, model_calls(t0, new_frames, model.cfg.max_frames, steps), model.cfg.max_frames,
-                     lambda p, m=model: run_masked(m, p, new_frames, args, args.seed, steps)))
+    for name, window in masked_variants(masked, t0 + new_frames, args):
+        runs.append((name, masked, model_calls(t0, new_frames, window, steps), window,
+                     lambda p, w=window: run_masked(masked, p, new_frames, args, args.seed, steps, w)))
     rows = []
     for b in args.batch_sizes:
         groups = ([prompts[i:i + 1] for i in range(min(args.timing_prompts, len(prompts)))] if b == 1
@@ -163,10 +151,10 @@ def compare_quality(ar, masked, codec, prompts, new_frames: int, args) -> dict:
     ar_codes, ar_s = run_ar(ar, prompts.codes, new_frames, args, args.seed)
     out = {"AR (KV cache)": {**quality(ar, codec, ar_codes, start, args), "wall_s": ar_s}}
     base = steps_per_level(args.steps, masked.cfg.n_codebooks)
-    for name, model in masked_variants(masked, start + new_frames, args):
+    for name, window in masked_variants(masked, start + new_frames, args):
         for first in [base[0], *([s for s in args.sweep if s != base[0]] if name == "masked" else [])]:
             steps = [first, *base[1:]]
-            codes, wall = run_masked(model, prompts.codes, new_frames, args, args.seed, steps)
+            codes, wall = run_masked(masked, prompts.codes, new_frames, args, args.seed, steps, window)
             out[f"{name} {','.join(map(str, steps))}"] = {**quality(ar, codec, codes, start, args), "wall_s": wall}
     real = [r for r in prompts.real if r.shape[-1] > start]
     if real:

@@ -8,9 +8,11 @@ masked after step i of n hidden frames is n cos(pi/2 (i + 1) / S_q) (the cosine 
 training, at least one code fixed per step, none left after the last: `unmask_schedule`). Prompt
 frames are never changed, and levels finer than q stay masked until their turn, as in training.
 
-A continuation longer than one window (LMConfig.max_frames) is made in chunks: each later chunk
-sees the last `context` frames made so far as its prompt and fills the rest of its window, so
-the number of sequential model calls is chunks x sum(S_q).
+A continuation longer than one window (LMConfig.max_frames, or `window` frames) is made in chunks:
+each later chunk sees the last `context` frames made so far as its prompt and fills the rest of its
+window, so the number of sequential model calls is chunks x sum(S_q). A RoPE model may be given a
+window longer than its context (one chunk for a longer clip: fewer calls, at distances it was
+never trained on).
 
 A conditioned masked LM reads a text and a speaker with classifier-free guidance (lm.guidance's
 rule: uncond + s (cond - uncond), both halves in one batched pass).
@@ -82,8 +84,9 @@ class MaskedStep:
 class _Decoder:
     """The model with its conditions bound: tokens [B, N_c, W], level -> logits [B, W, |V|] (guided)."""
 
-    def __init__(self, model, text, speaker, cfg_scale: float | None, batch_size: int):
+    def __init__(self, model, text, speaker, cfg_scale: float | None, batch_size: int, stretch: bool = False):
         self.model = model
+        self.stretch = stretch
         self.memory: CrossMemory | None = None
         self.scale = 1.0
         if model.cfg.condition is None:
@@ -102,8 +105,9 @@ class _Decoder:
 
     def __call__(self, tokens: Tensor, level: int) -> Tensor:
         if self.memory is None or self.scale == 1.0:
-            return self.model(tokens, memory=self.memory, level=level)[:, 0]
-        cond, uncond = self.model(torch.cat([tokens, tokens]), memory=self.memory, level=level)[:, 0].chunk(2)
+            return self.model(tokens, memory=self.memory, level=level, stretch=self.stretch)[:, 0]
+        cond, uncond = self.model(torch.cat([tokens, tokens]), memory=self.memory, level=level,
+                                  stretch=self.stretch)[:, 0].chunk(2)
         return uncond + self.scale * (cond - uncond)
 
 
@@ -119,10 +123,9 @@ def chunk_starts(prompt_frames: int, total: int, window: int, context: int) -> l
 
 
 def iter_masked_decode(model, codes: Tensor, prompt_frames: int, steps: list[int], choose, decoder: _Decoder,
-                       context: int) -> Iterator[MaskedStep]:
+                       context: int, window: int) -> Iterator[MaskedStep]:
     """Fill codes [B, N_c, T] (prompt frames in place) chunk by chunk, level by level; yields every step."""
     b, n_c, total = codes.shape
-    window = model.cfg.max_frames
     for c, (start, known, end) in enumerate(chunk_starts(prompt_frames, total, window, context)):
         tokens = codes[..., start:end].clone()
         tokens[..., known:] = model.mask_id
@@ -153,14 +156,15 @@ def _chooser(temperature: float, top_k: int | None, top_p: float | None, greedy:
 def generate_masked(model, prompt_codes: Tensor | None, max_new_frames: int, *, steps=None,
                     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                     greedy: bool = False, generator: torch.Generator | None = None, seed: int | None = None,
-                    batch_size: int = 1, context: int | None = None, text=None, speaker=None,
-                    cfg_scale: float | None = None, progress: bool = False,
+                    batch_size: int = 1, context: int | None = None, window: int | None = None, text=None,
+                    speaker=None, cfg_scale: float | None = None, progress: bool = False,
                     on_step=None) -> Tensor:
     """Continue `prompt_codes` [B, N_c, T0] (None: B = batch_size rows from nothing) by max_new_frames
     frames -> codes [B, N_c, T0 + n], the prompt copied unchanged.
 
     steps: per level (`steps_per_level`; default 16, 4, 2, 1, ...). Sampling as lm.sampling, reproducible
-    with `generator` or `seed`. context: frames of the past a later chunk sees (default half a window).
+    with `generator` or `seed`. window: frames per model pass (default max_frames; more only for RoPE).
+    context: frames of the past a later chunk sees (default half a window).
     text, speaker, cfg_scale: a conditioned masked LM's (as lm.generate). on_step: called with each
     MaskedStep. progress: a tqdm bar over the model calls."""
     check_sampling_args(temperature, top_k, top_p, greedy)
@@ -171,7 +175,7 @@ def generate_masked(model, prompt_codes: Tensor | None, max_new_frames: int, *, 
     check_prompt(model, prompt_codes)
     if isinstance(max_new_frames, bool) or not isinstance(max_new_frames, int) or max_new_frames < 0:
         raise ValueError(f"max_new_frames must be an integer >= 0, got {max_new_frames!r}")
-    window = cfg.max_frames
+    window = _window(cfg, window)
     context = window // 2 if context is None else context
     if not 0 <= context < window:
         raise ValueError(f"context must be in 0..{window - 1} frames (the window is {window}), got {context}")
@@ -185,9 +189,9 @@ def generate_masked(model, prompt_codes: Tensor | None, max_new_frames: int, *, 
     bar = _bar(n_calls, progress)
     try:
         with torch.inference_mode():
-            decoder = _Decoder(model, text, speaker, cfg_scale, b)
+            decoder = _Decoder(model, text, speaker, cfg_scale, b, stretch=window > cfg.max_frames)
             choose = _chooser(temperature, top_k, top_p, greedy, generator)
-            for step in iter_masked_decode(model, codes, t0, level_steps, choose, decoder, context):
+            for step in iter_masked_decode(model, codes, t0, level_steps, choose, decoder, context, window):
                 if on_step is not None:
                     on_step(step)
                 if bar is not None:
@@ -197,6 +201,18 @@ def generate_masked(model, prompt_codes: Tensor | None, max_new_frames: int, *, 
             bar.close()
         model.train(was_training)
     return codes
+
+
+def _window(cfg, window: int | None) -> int:
+    """Frames per pass: max_frames by default; past it only with RoPE (ValueError naming the limit)."""
+    if window is None:
+        return cfg.max_frames
+    if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+        raise ValueError(f"window must be an integer >= 2 frames, got {window!r}")
+    if window > cfg.max_frames and cfg.pos != "rope":
+        raise ValueError(f"window {window} is past the context ({cfg.max_frames} frames) of a model with {cfg.pos} "
+                         "positions; only a RoPE model can be stretched")
+    return window
 
 
 def model_calls(prompt_frames: int, new_frames: int, window: int, steps: list[int], context: int | None = None) -> int:

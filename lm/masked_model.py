@@ -101,19 +101,20 @@ class MaskedLM(MultiCodebookLM):
         return self.cfg.bos_id
 
     def forward(self, tokens: Tensor, cache=None, window: int | None = None, memory: CrossMemory | None = None,
-                frame_mask: Tensor | None = None, level: int | None = None) -> Tensor:
+                frame_mask: Tensor | None = None, level: int | None = None, stretch: bool = False) -> Tensor:
         """tokens [B, N_c, T] ids in 0..|V|+1 -> logits [B, N_c, T, |V|]; `level` q: head q only, [B, 1, T, |V|].
-        frame_mask [B, T] bool: False frames (padding) are no key of any attention. memory: as MultiCodebookLM."""
+        frame_mask [B, T] bool: False frames (padding) are no key of any attention. memory: as MultiCodebookLM.
+        stretch: let a RoPE model read more than max_seq_len frames (distances it was never trained on)."""
         if cache is not None or window is not None:
             raise ValueError("a masked LM attends to every frame at once: it takes no KV cache and no window")
-        h = self.hidden_states(tokens, memory, frame_mask)
+        h = self.hidden_states(tokens, memory, frame_mask, stretch)
         weights = self.head_weights()
         if level is not None:
             weights = weights[level:level + 1]
         return torch.einsum("btd,cvd->bctv", h, weights.to(h.dtype))
 
     def hidden_states(self, tokens: Tensor, memory: CrossMemory | None = None,
-                      frame_mask: Tensor | None = None) -> Tensor:
+                      frame_mask: Tensor | None = None, stretch: bool = False) -> Tensor:
         """tokens [B, N_c, T] -> the final-norm outputs [B, T, d] of the bidirectional blocks."""
         cfg = self.cfg
         if tokens.dim() != 3 or tokens.shape[1] != cfg.n_codebooks or tokens.shape[-1] == 0:
@@ -121,8 +122,9 @@ class MaskedLM(MultiCodebookLM):
         if tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be integer ids, got {tokens.dtype}")
         b, _, t = tokens.shape
-        if t > cfg.max_seq_len:
-            raise ValueError(f"{t} frames exceed the masked LM's context max_seq_len={cfg.max_seq_len}")
+        if t > cfg.max_seq_len and not (stretch and self.rope is not None):
+            raise ValueError(f"{t} frames exceed the masked LM's context max_seq_len={cfg.max_seq_len}"
+                             + (" (a RoPE model can be stretched past it)" if self.rope is not None else ""))
         if bool(((tokens < 0) | (tokens >= cfg.embedding_rows)).any()):
             raise ValueError(f"token ids must be in 0..{cfg.embedding_rows - 1} (codes 0..{cfg.codebook_size - 1}, "
                              f"pad {cfg.pad_id}, mask {self.mask_id})")

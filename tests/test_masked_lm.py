@@ -163,6 +163,25 @@ def test_decoding_follows_the_schedule_fills_every_code_and_keeps_the_prompt(new
             assert not mine[-1].hidden.any()
 
 
+def test_a_stretched_window_decodes_a_long_clip_in_one_chunk_as_a_longer_context_would():
+    import dataclasses
+
+    model = tiny_masked()
+    prompt = codes_of(b=2, t=5)
+    steps = []
+    out = generate_masked(model, prompt, 40, steps=[3, 2], greedy=True, window=45, on_step=steps.append)
+    assert len(steps) == 3 + 2 + 1 and {s.chunk for s in steps} == {0}
+    wide = MaskedLM(dataclasses.replace(model.cfg, max_seq_len=45)).eval()
+    wide.load_state_dict(model.state_dict())
+    assert torch.equal(out, generate_masked(wide, prompt, 40, steps=[3, 2], greedy=True))
+    assert torch.equal(out[..., :5], prompt)
+    learned = tiny_masked(pos="learned")
+    with pytest.raises(ValueError, match="only a RoPE model"):
+        generate_masked(learned, prompt, 40, window=45)
+    with pytest.raises(ValueError, match="exceed the masked LM's context"):
+        model(codes_of(b=1, t=30))
+
+
 def test_same_seed_same_codes_and_batch_rows_are_independent():
     model = tiny_masked()
     prompt = codes_of(b=3, t=4)

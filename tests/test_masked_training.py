@@ -178,6 +178,7 @@ def codec_and_masked(tmp_path_factory):
     cfg = LMConfig(n_codebooks=2, codebook_size=16, d_model=16, n_layers=1, n_heads=2, max_seq_len=40,
                    pattern="parallel", family="masked", codec_fingerprint=codec.token_fingerprint())
     MaskedLM(cfg).save_pretrained(root / "lm")
+    MultiCodebookLM(dataclasses.replace(cfg, family="ar", pattern="delay")).save_pretrained(root / "ar")
     return root
 
 
@@ -190,6 +191,9 @@ def test_generate_cli_continues_with_a_masked_lm(codec_and_masked, tmp_path, cap
 
     assert audio_info(tmp_path / "m-1.wav").duration == pytest.approx(1.2)  # 60 frames: past the 40-frame window
     assert "real-time factor" in capsys.readouterr().out
+    assert rvqlm_main(["generate", "--lm", str(root / "lm"), "--codec", str(root / "codec"), "--seconds", "1.2",
+                       "--window", "70", "--seed", "1", "--out", str(tmp_path / "one.wav"), "--no-progress"]) == 0
+    assert audio_info(tmp_path / "one.wav").duration == pytest.approx(1.2)  # 60 frames in one 70-frame pass
 
 
 @pytest.mark.parametrize("steps, message", [("", "at least one"), ("4,0", "at least 1 step"),
@@ -201,3 +205,12 @@ def test_generate_cli_refuses_bad_step_lists_in_one_line(codec_and_masked, tmp_p
     err = capsys.readouterr().err
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("flag, value", [("--steps", "4,2"), ("--window", "70")])
+def test_generate_cli_refuses_masked_options_for_an_ar_lm(codec_and_masked, tmp_path, capsys, flag, value):
+    root = codec_and_masked
+    rc = rvqlm_main(["generate", "--lm", str(root / "ar"), "--codec", str(root / "codec"), flag, value,
+                     "--out", str(tmp_path / "o.wav"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{flag} is for a masked LM" in err and len(err.strip().splitlines()) == 1

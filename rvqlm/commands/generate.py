@@ -61,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)")
     p.add_argument("--steps", default=None, metavar="S0,S1,...",
                    help="a masked LM: decoding steps per level, e.g. 16,4,2,1 (later levels 1 each)")
+    p.add_argument("--window", type=int, default=None, metavar="FRAMES",
+                   help="a masked LM: frames per model pass (default its context; a RoPE model may take more, "
+                        "e.g. prompt + continuation in one pass, at distances it was not trained on)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step (slow; a check)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--stream", action="store_true",
@@ -147,8 +150,9 @@ def check_condition(args: argparse.Namespace, lm_model) -> None:
 def check_family(args: argparse.Namespace, lm_model) -> None:
     """Refuse options the LM's family has no use for (--steps for an AR LM; --stream, --no-cache for a masked one)."""
     if lm_model.cfg.family != "masked":
-        if args.steps is not None:
-            raise ValueError(f"--steps is for a masked LM; {args.lm} is an autoregressive LM (one step per frame)")
+        for flag, given in (("--steps", args.steps), ("--window", args.window)):
+            if given is not None:
+                raise ValueError(f"{flag} is for a masked LM; {args.lm} is an autoregressive LM (one step per frame)")
         return
     from lm.masked_generate import steps_per_level
 
@@ -212,7 +216,7 @@ def _generate(args: argparse.Namespace) -> int:
     if lm_model.cfg.family == "masked":
         codes = lm_model.generate(prompt, new_frames, steps=args.steps, temperature=args.temperature,
                                   top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed,
-                                  progress=not args.no_progress, **conditions)
+                                  window=args.window, progress=not args.no_progress, **conditions)
         lengths = torch.full((codes.shape[0],), codes.shape[-1])
     else:
         codes, lengths = generate(lm_model, prompt, new_frames, temperature=args.temperature, top_k=args.top_k,
