@@ -254,9 +254,12 @@ class MultiCodebookLM(nn.Module):
         rope = self.rope.cos_sin(positions, h.dtype) if self.rope is not None else None
         for block in self.blocks:
             h = block(h, rope, cache, mask, memory)
-        h = self.final_norm(h)
+        return self.logits(self.final_norm(h))
+
+    def logits(self, h: Tensor) -> Tensor:
+        """The N_c heads: final-norm states h [B, S, d] -> logits [B, N_c, S, n_outputs] (int8 heads in an int8 LM)."""
         if self.int8_head is not None:
-            return head_logits(self.int8_head, h, cfg.n_codebooks)
+            return head_logits(self.int8_head, h, self.cfg.n_codebooks)
         return torch.einsum("bsd,cvd->bcsv", h, self.head_weights().to(h.dtype))
 
     def _forward_past_sink_window(self, tokens: Tensor, cache: KVCache, memory: CrossMemory | None) -> Tensor:
