@@ -123,14 +123,16 @@ def int8_rows(model: MultiCodebookLM, results: dict, frames: int, batches: list[
     steps = results["steps"]
     print(f"\nint8 (lm.int8: {weight_bytes / 2**20:.1f} MiB read per step, bandwidth bound for the weights "
           f"{weight_bytes / results['bandwidth_bytes_per_s'] * 1e3:.2f} ms)")
-    print(f"{'batch':>5} {'float32 frames/s':>17} {'int8 frames/s':>14} {'ratio':>6} {'int8 ms/frame':>14}")
+    print(f"{'batch':>5} {'float32 frames/s':>17} {'int8 frames/s':>14} {'ratio':>6} {'int8 ms/frame':>14} "
+          f"{'ratio in CPU time':>18}")
     out = {"weight_bytes": weight_bytes, "batches": {}}
     for batch in batches:
         seconds, cpu = time_cached(model, batch, frames)
-        base = results["batches"][str(batch)]["cache_s"]
+        base, base_cpu = results["batches"][str(batch)]["cache_s"], results["batches"][str(batch)]["cache_cpu_s"]
         print(f"{batch:>5} {frames / base:>17.1f} {frames / seconds:>14.1f} {base / seconds:>5.2f}x "
-              f"{seconds / steps * 1e3:>14.2f}")
-        out["batches"][str(batch)] = {"cache_s": seconds, "cache_cpu_s": cpu, "speedup": base / seconds}
+              f"{seconds / steps * 1e3:>14.2f} {base_cpu / cpu:>17.2f}x")
+        out["batches"][str(batch)] = {"cache_s": seconds, "cache_cpu_s": cpu, "speedup": base / seconds,
+                                      "speedup_cpu": base_cpu / cpu}
     results["int8"] = out
 
 
