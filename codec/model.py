@@ -30,8 +30,10 @@ from codec.istft_decoder import ISTFTDecoder
 from codec.modules import SEANetDecoder, SEANetEncoder
 from codec.quantizer import QuantizerOutput, ResidualVectorQuantizer
 from codec.stft_encoder import STFTEncoder
-from rvqlm_core.persistence import (CONFIG_FILE, WEIGHTS_FILE, FolderFormat, cpu_state, load_state, read_folder,
-                                    save_folder, stored_state)
+from codec.int8 import int8_decoder_state, to_int8_decoder
+from rvqlm_core.int8_linear import float_linear_state
+from rvqlm_core.persistence import (CONFIG_FILE, WEIGHTS_FILE, FolderFormat, cpu_state, dequantized_state, load_state,
+                                    read_folder, save_folder, stored_state)
 
 DISCRIMINATOR_NAME = "discriminator.safetensors"
 FOLDER_FORMAT = FolderFormat("codec", "format", "rvqlm-codec", 1, extra_files=(DISCRIMINATOR_NAME,))
@@ -252,20 +254,32 @@ class Codec(nn.Module):
         decoder_dtype: store the decoder's floating-point tensors as "float16" or "bfloat16" (None /
         "float32": exactly); they load back as float32. The encoder and quantizer are always stored
         exactly, so `token_fingerprint()` is unchanged. The weights' `fingerprint` metadata is that
-        of the codec as it will load.
+        of the codec as it will load. "int8": the decoder's linear layers as int8 with per-channel
+        scales, loaded as an inference-only codec (codec.int8); an int8 codec saves as stored or dequantized.
         """
-        state = cpu_state(self)
-        stored = stored_state(state, decoder_dtype, "decoder_dtype", which=_is_decoder)
-        as_loaded = {k: v.to(state[k].dtype) for k, v in stored.items()}
+        state = float_linear_state(cpu_state(self))
+        config = self.config.to_dict()
+        if decoder_dtype == "int8":
+            stored, as_loaded = int8_decoder_state(self, state)
+            config["weight_dtype"] = "int8"
+        else:
+            stored = stored_state(state, decoder_dtype, "decoder_dtype", which=_is_decoder)
+            as_loaded = {k: v.to(state[k].dtype) for k, v in stored.items()}
         fingerprint = self._hash(self.config.shaping_settings(), as_loaded)
         extra = {DISCRIMINATOR_NAME: lambda p: save_discriminator(discriminator, p)} if discriminator is not None else {}
-        return save_folder(path, FOLDER_FORMAT, self.config.to_dict(), stored,
-                           metadata={"fingerprint": fingerprint}, extra=extra)
+        return save_folder(path, FOLDER_FORMAT, config, stored, metadata={"fingerprint": fingerprint}, extra=extra)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu") -> "Codec":
         """Load a folder written by `save_pretrained`. Clear errors for every way it can be wrong."""
         raw, state = read_folder(path, FOLDER_FORMAT)
+        weight_dtype = raw.pop("weight_dtype", "float")
+        state, pairs = dequantized_state(state)
+        if weight_dtype not in ("float", "int8") or bool(pairs) != (weight_dtype == "int8"):
+            raise ValueError(f"{path}: weight_dtype {weight_dtype!r} does not describe its weights "
+                             f"({len(pairs)} int8 tensors); export the codec again")
         model = cls(CodecConfig.from_dict(raw, source=str(Path(path) / CONFIG_FILE)))
         load_state(model, state, Path(path) / WEIGHTS_FILE, may_cast=_is_decoder)
+        if pairs:
+            to_int8_decoder(model, pairs)
         return model.to(map_location).eval()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from rvqlm_core.int8_linear import TRAINING_REFUSED, Int8Linear
+from rvqlm_core.int8_linear import TRAINING_REFUSED, Int8Linear, float_linear_state, swap_linears
 from rvqlm_core.persistence import cpu_state
 from rvqlm_core.weight_dtype import dequantize_rows, quantize_rows
 
@@ -41,12 +41,7 @@ def to_int8(model: nn.Module, pairs: dict[str, tuple[Tensor, Tensor]] | None = N
     dequantized_state); a weight without a pair is quantized here (quantize_rows)."""
     pairs = pairs or {}
     model.eval()
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                full = f"{name}.{child_name}" if name else child_name
-                q, scale = pairs.get(f"{full}.weight") or quantize_rows(child.weight)
-                setattr(module, child_name, Int8Linear.from_pairs(q, scale, child.bias))
+    swap_linears(model, model, "", pairs)
     heads = model.head_weights()  # [N_c, n_outputs, d]
     q, scale = pairs.get("head_weight") or quantize_rows(heads)
     setattr(model, HEAD, Int8Linear.from_pairs(q.flatten(0, 1), scale.flatten(), None))
@@ -73,15 +68,7 @@ def float_state(model: nn.Module) -> dict[str, Tensor]:
     state = cpu_state(model)
     if not is_int8(model):
         return state
-    out = {}
-    for name, value in state.items():
-        if name.startswith(f"{HEAD}."):
-            continue
-        if name.endswith(".weight_scale"):
-            continue
-        if name.endswith(".weight") and f"{name}_scale" in state:
-            value = dequantize_rows(value, state[f"{name}_scale"])
-        out[name] = value
+    out = {k: v for k, v in float_linear_state(state).items() if not k.startswith(f"{HEAD}.")}
     if not model.cfg.tie_weights:
         out["head_weight"] = int8_head_weights(getattr(model, HEAD), model.cfg.n_codebooks).cpu()
     return out

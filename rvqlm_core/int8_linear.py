@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from rvqlm_core.weight_dtype import dequantize_rows, quantize_rows
 
 TRAINING_REFUSED = ("holds int8 weights for inference only and cannot be trained; train (or fine-tune) "
-                    "the float32 / float16 LM it was exported from")
+                    "the float32 / float16 model it was exported from")
 
 
 @functools.cache
@@ -110,3 +110,33 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
+
+
+def swap_linears(root: nn.Module, within: nn.Module, prefix: str,
+                 pairs: dict[str, tuple[Tensor, Tensor]] | None = None) -> int:
+    """Replace, in place, every nn.Linear inside `within` (a submodule of `root` named `prefix`) by an
+    Int8Linear: from pairs[f"{name}.weight"] = (q, scale) where given (`name` as in root's state
+    dict), else quantized here. Returns the number of layers swapped."""
+    pairs, swapped = pairs or {}, 0
+    for name, module in list(within.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                full = ".".join(part for part in (prefix, name, child_name) if part)
+                pair = pairs.get(f"{full}.weight")
+                layer = Int8Linear.from_pairs(*pair, child.bias) if pair else Int8Linear.from_float(child)
+                setattr(module, child_name, layer)
+                swapped += 1
+    return swapped
+
+
+def float_linear_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A state dict with each Int8Linear's int8 `weight` and `weight_scale` replaced by the float32
+    `weight` it computes with, i.e. under the names of the float model it came from."""
+    out = {}
+    for name, value in state.items():
+        if name.endswith(".weight_scale") and name[:-len("_scale")] in state:
+            continue
+        if value.dtype == torch.int8 and f"{name}_scale" in state:
+            value = dequantize_rows(value, state[f"{name}_scale"])
+        out[name] = value
+    return out

@@ -129,7 +129,7 @@ def test_half_precision_decoder_keeps_the_tokens_and_halves_the_file(codec, tmp_
     tolerance = 3e-2 if dtype == "bfloat16" else 3e-3
     assert (rounded - exact).abs().max() <= tolerance * exact.abs().max()
     with pytest.raises(ValueError, match="decoder_dtype must be one of"):
-        codec.save_pretrained(tmp_path / "bad", decoder_dtype="int8")
+        codec.save_pretrained(tmp_path / "bad", decoder_dtype="int4")
 
 
 def test_half_precision_outside_the_decoder_is_refused(codec, tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from rvqlm_core.weight_dtype import STORAGE_DTYPES
+from rvqlm_core.weight_dtype import QUANTIZED_DTYPES, STORAGE_DTYPES
 
 #: Whole-file commands hold the signal and the decoder's activations in memory; longer files
 #: belong to `rvqlm tokenize` (chunked).
@@ -30,9 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", help="e.g. runs/codec_speech/version_0/checkpoints/last.ckpt, or a saved "
                                       "codec folder to write again (e.g. with --decoder-dtype float16)")
     p.add_argument("output", help="folder to write (config.json, model.safetensors, discriminator.safetensors)")
-    p.add_argument("--decoder-dtype", choices=STORAGE_DTYPES, default="float32",
+    p.add_argument("--decoder-dtype", choices=STORAGE_DTYPES + QUANTIZED_DTYPES, default="float32",
                    help="store the decoder's weights in this precision (half the file with float16; they "
-                        "load as float32; the encoder and quantizer, hence the tokens, are always exact)")
+                        "load as float32; int8: the iSTFT decoder's linear layers in int8, an inference-only "
+                        "codec; the encoder and quantizer, hence the tokens, are always exact)")
     p.set_defaults(func=_export)
 
     p = sub.add_parser("reconstruct", help="encode and decode an audio file (hear what the codec keeps)")
