@@ -214,7 +214,7 @@ class MultiCodebookLM(nn.Module):
         b, _, s = tokens.shape
         if s == 0:
             raise ValueError("tokens must hold at least one position")
-        if bool(((tokens < 0) | (tokens >= cfg.embedding_rows)).any()):
+        if not torch.compiler.is_compiling() and bool(((tokens < 0) | (tokens >= cfg.embedding_rows)).any()):
             raise ValueError(f"token ids must be in 0..{cfg.embedding_rows - 1} (codes 0..{cfg.codebook_size - 1}, "
                              + ("" if cfg.end_id is None else f"end {cfg.end_id}, ")
                              + f"pad {cfg.pad_id}, bos {cfg.bos_id})")
@@ -336,7 +336,7 @@ class MultiCodebookLM(nn.Module):
             raise ValueError(f"codes must be integers, got {codes.dtype}")
         if codes.shape[-1] < 1:
             raise ValueError("codes must hold at least one frame")
-        if bool(((codes < 0) | (codes >= cfg.codebook_size)).any()):
+        if not torch.compiler.is_compiling() and bool(((codes < 0) | (codes >= cfg.codebook_size)).any()):
             raise ValueError(f"codes must be in 0..{cfg.codebook_size - 1} (codebook_size={cfg.codebook_size})")
         if self.pattern.sequence_length(codes.shape[-1]) > cfg.max_seq_len:
             raise ValueError(f"{codes.shape[-1]} frames take {self.pattern.sequence_length(codes.shape[-1])} "
