@@ -160,3 +160,13 @@ def test_export_lm_int8_and_generate_with_the_int8_folder(tmp_path, capsys):
     assert main(["generate", "--lm", str(tmp_path / "lm8"), "--codec", str(tmp_path / "codec"), "--seconds", "0.1",
                  "--out", str(out), "--greedy", "--no-progress"]) == 0
     assert out.is_file()
+
+
+def test_a_folder_whose_weight_dtype_does_not_match_its_tensors_is_refused(tmp_path):
+    from lm.model import LM_FORMAT
+    from rvqlm_core.persistence import cpu_state, save_folder
+
+    model = random_lm()
+    save_folder(tmp_path / "bad", LM_FORMAT, {"config": model.cfg.to_dict(), "weight_dtype": "int8"}, cpu_state(model))
+    with pytest.raises(ValueError, match="weight_dtype 'int8' does not describe its weights"):
+        MultiCodebookLM.from_pretrained(tmp_path / "bad")
