@@ -49,11 +49,8 @@ class ConditionConfig:
     encoder_layers: int = 2
     text_dropout: float = 0.1
     speaker_dropout: float = 0.1
-    speaker_bias: bool = False  # also add the encoder's speaker-slot output, projected, to every decoder input
 
     def __post_init__(self) -> None:
-        if not isinstance(self.speaker_bias, bool):
-            raise ValueError(f"condition.speaker_bias must be true or false, got {self.speaker_bias!r}")
         if not isinstance(self.speakers, (list, tuple)) or not all(isinstance(s, str) and s for s in self.speakers):
             raise ValueError(f"condition.speakers must be a list of non-empty names, got {self.speakers!r}")
         self.speakers = list(self.speakers)

@@ -111,9 +111,6 @@ class MultiCodebookLM(nn.Module):
             self.condition_encoder = ConditionEncoder(cfg)
         else:
             self.condition_encoder = None
-        # A direct path for the voice: memory.states[:, 0] (the speaker slot) -> d, added at every frame.
-        self.speaker_bias = (nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-                             if conditioned and cfg.condition.speaker_bias else None)
         self.int8_head = None  # an int8 LM's heads (lm.int8.to_int8), which then replace head_weight
         self.reset_parameters()
 
@@ -141,8 +138,6 @@ class MultiCodebookLM(nn.Module):
                     nn.init.normal_(proj.weight, std=init_std(len(self.condition_encoder.blocks), residual=True))
         if self.head_weight is not None:
             nn.init.normal_(self.head_weight, std=0.02)
-        if self.speaker_bias is not None:  # zero: a warm-started decoder starts as it was
-            nn.init.zeros_(self.speaker_bias.weight)
 
     def codebook_table(self, c: int) -> Tensor:
         """Codebook c's embedding table W_E^(c): [|V| + 2, d] (a view of the shared weight)."""
@@ -246,8 +241,6 @@ class MultiCodebookLM(nn.Module):
             positions, mask = cache.begin(s)
 
         h = self.embed(tokens)
-        if self.speaker_bias is not None:
-            h = h + self.speaker_bias(memory.states[:, 0]).to(h.dtype)[:, None, :]
         if self.pos_embedding is not None:
             h = h + self.pos_embedding(positions)
         h = self.dropout(h)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from lm.int8 import refuse_training
 
-FRESH_IN_CONDITIONED = ("condition_encoder.", ".cross_attn.", ".cross_norm.", "speaker_bias.")
+FRESH_IN_CONDITIONED = ("condition_encoder.", ".cross_attn.", ".cross_norm.")
 
 
 def architecture_differences(mine, theirs) -> list[str]:
