@@ -20,29 +20,31 @@ import argparse
 import copy
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from codec import Codec
-from codec.audio import load_audio
-from codec.streaming import StreamingDecoder
-from rvqlm.metrics import pesq_wb, stoi
-from rvqlm_core.int8_linear import Int8Linear
-
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: benchmarks/ is a package of the repository
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.codec_streaming import speech as streaming_speech  # noqa: E402
+from codec import Codec  # noqa: E402
+from codec.streaming import StreamingDecoder  # noqa: E402
+from rvqlm.metrics import pesq_wb, stoi  # noqa: E402
+from rvqlm_core.int8_linear import Int8Linear  # noqa: E402
 
 
 def speech(codec: Codec, seconds: float) -> tuple[torch.Tensor, str]:
-    """[1, C, seconds * rate] of test-split speech (files joined), as benchmarks/codec_streaming.py reads it."""
-    need, parts = int(seconds * codec.sample_rate), []
-    for path in sorted((REPO / "data" / "fillets-cs-16k" / "test").rglob("*.wav")):
-        parts.append(load_audio(path, codec.sample_rate, codec.channels))
-        if sum(p.shape[-1] for p in parts) >= need:
-            return torch.cat(parts, dim=-1)[None, :, :need], f"{len(parts)} test-split files"
-    raise SystemExit("the built-in corpus is not prepared (data/fillets-cs-16k/test): run `make demo` first")
+    """[1, C, seconds * rate] of test-split speech (files joined, as benchmarks/codec_streaming.py reads
+    it); exits when the corpus is not prepared, since PESQ and STOI need speech."""
+    wav, source = streaming_speech(codec, seconds)
+    if source.startswith("noise"):
+        raise SystemExit("the built-in corpus is not prepared (data/fillets-cs-16k/test): run `make demo` first")
+    return wav, source
 
 
 def int8_decoder(codec: Codec) -> tuple[Codec, int]:

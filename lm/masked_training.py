@@ -21,11 +21,11 @@ import torch
 from torch import Tensor
 
 from lm.config import LMConfig
-from lm.data import TokenFiles, ValidWindows
+from lm.data import ValidWindows
 from lm.families import load_lm
 from lm.masked_model import MaskedLM
 from lm.moe import moe_aux_loss
-from lm.training import LMTrainingModule, batch_conditions, check_fingerprint, train_main
+from lm.training import LMTrainingModule, batch_conditions, held_out_files, train_main
 from lm.warm_start import architecture_differences
 
 VALID_SEED = 0
@@ -138,20 +138,10 @@ def masked_held_out_report(model: MaskedLM, tokens_dir: str, split: str = "valid
     """`held_out_report` for a masked LM: its masked NLL per level (`masked_nll`) on one split of a token
     folder (`max_windows`: evenly spaced windows only), refusing another codec's tokens, another layout
     and windows past its context."""
-    from rvqlm_core.token_shards import TokenShards
-
-    cfg = model.cfg
-    shards = TokenShards.open(tokens_dir)
-    check_fingerprint(cfg.codec_fingerprint, shards.fingerprint, str(tokens_dir))
-    if (shards.n_codebooks, shards.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
-        raise ValueError(f"{tokens_dir} has N_c={shards.n_codebooks}, |V|={shards.codebook_size}; "
-                         f"the LM models N_c={cfg.n_codebooks}, |V|={cfg.codebook_size}")
-    window = window_frames or cfg.max_frames
-    if not 1 <= window <= cfg.max_frames:
-        raise ValueError(f"window_frames must be in 1..{cfg.max_frames} for this LM, got {window}")
     if not 0.0 < ratio <= 1.0 or batch_size < 1:
         raise ValueError(f"need a mask ratio in (0, 1] and batch_size >= 1, got {ratio} and {batch_size}")
-    files = TokenFiles.of_split(tokens_dir, split, split_by, valid_fraction, shards)
+    cfg = model.cfg
+    _, files, window = held_out_files(cfg, tokens_dir, split, split_by, valid_fraction, window_frames)
     windows = ValidWindows(files, cfg.n_codebooks, window, batch_size, max_windows=max_windows,
                            conditions=cfg.condition is not None)
     with torch.inference_mode():

@@ -356,6 +356,24 @@ def unigram_nll(train: TokenFiles, held_out: TokenFiles, n_codebooks: int, codeb
     return torch.from_numpy(nll), torch.from_numpy(n)
 
 
+def held_out_files(cfg: LMConfig, tokens_dir: str, split: str, split_by: str, valid_fraction: float,
+                   window_frames: int | None) -> tuple[Any, TokenFiles, int]:
+    """(shards, the split's files, window frames) of a token folder an LM of `cfg` is scored on:
+    ValueError for another codec's tokens (fingerprint), another (N_c, |V|) layout, or windows
+    past the LM's context (default: the whole context)."""
+    from rvqlm_core.token_shards import TokenShards
+
+    shards = TokenShards.open(tokens_dir)
+    check_fingerprint(cfg.codec_fingerprint, shards.fingerprint, str(tokens_dir))
+    if (shards.n_codebooks, shards.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
+        raise ValueError(f"{tokens_dir} has N_c={shards.n_codebooks}, |V|={shards.codebook_size}; "
+                         f"the LM models N_c={cfg.n_codebooks}, |V|={cfg.codebook_size}")
+    window = window_frames or cfg.max_frames
+    if not 1 <= window <= cfg.max_frames:
+        raise ValueError(f"window_frames must be in 1..{cfg.max_frames} for this LM, got {window}")
+    return shards, TokenFiles.of_split(tokens_dir, split, split_by, valid_fraction, shards), window
+
+
 def held_out_report(model: MultiCodebookLM, tokens_dir: str, split: str = "valid", *, split_by: str = "prefix",
                     valid_fraction: float = 0.1, window_frames: int | None = None, batch_size: int = 8,
                     unigram: bool = False) -> dict[str, Any]:
@@ -366,20 +384,10 @@ def held_out_report(model: MultiCodebookLM, tokens_dir: str, split: str = "valid
     than the LM's context. A conditioned LM reads each file's own text and speaker and is scored on
     the codes only (the unigram baseline's targets). Returns a JSON-ready dict (`rvqlm eval-lm` prints it).
     """
-    from rvqlm_core.token_shards import TokenShards
-
-    cfg = model.cfg
-    shards = TokenShards.open(tokens_dir)
-    check_fingerprint(cfg.codec_fingerprint, shards.fingerprint, str(tokens_dir))
-    if (shards.n_codebooks, shards.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
-        raise ValueError(f"{tokens_dir} has N_c={shards.n_codebooks}, |V|={shards.codebook_size}; "
-                         f"the LM models N_c={cfg.n_codebooks}, |V|={cfg.codebook_size}")
-    window = window_frames or cfg.max_frames
-    if not 1 <= window <= cfg.max_frames:
-        raise ValueError(f"window_frames must be in 1..{cfg.max_frames} for this LM, got {window}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    files = TokenFiles.of_split(tokens_dir, split, split_by, valid_fraction, shards)
+    cfg = model.cfg
+    shards, files, window = held_out_files(cfg, tokens_dir, split, split_by, valid_fraction, window_frames)
     windows = ValidWindows(files, cfg.n_codebooks, window, batch_size, conditions=cfg.condition is not None)
     with torch.inference_mode():
         nll, count = evaluate_nll(model, windows)
