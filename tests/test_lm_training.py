@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -80,9 +81,31 @@ def tiny_args(tokens: Path, run_dir: Path, *extra: str) -> list[str]:
             *extra]
 
 
+def free_port() -> int:
+    """A localhost port free on both IPv4 and IPv6 right now. Lightning probes IPv4 only, and the
+    rendezvous store then listens dual-stack, so its pick can land on a port an earlier DDP run left
+    in TIME_WAIT on the IPv6 side (EADDRINUSE when several DDP tests run in one session)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s4:
+            s4.bind(("", 0))
+            port = s4.getsockname()[1]
+        try:
+            with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s6:
+                s6.bind(("::", port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port on both IPv4 and IPv6")
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment of a training subprocess: tests/ importable, one thread, its own DDP port."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+                OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
+
+
 def run_cli_subprocess(args: list[str], timeout: int = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
+    env = subprocess_env()
     rvqlm = Path(sys.executable).with_name("rvqlm")
     return subprocess.run([str(rvqlm), "train-lm", *args], env=env, capture_output=True, text=True, timeout=timeout)
 

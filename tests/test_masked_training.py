@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,8 +77,9 @@ def test_killed_masked_run_resumes_exactly_and_the_tiny_recipe_learns(tokens, fu
 
 
 def _run_masked_subprocess(args: list[str], timeout: int = 120):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
+    from test_lm_training import subprocess_env
+
+    env = subprocess_env()
     rvqlm = Path(sys.executable).with_name("rvqlm")
     return subprocess.run([str(rvqlm), "train-masked-lm", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
