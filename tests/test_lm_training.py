@@ -81,6 +81,10 @@ def tiny_args(tokens: Path, run_dir: Path, *extra: str) -> list[str]:
             *extra]
 
 
+DDP_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                 "MASTER_ADDR", "MASTER_PORT"}
+
+
 def free_port() -> int:
     """A localhost port free on both IPv4 and IPv6 right now. Lightning probes IPv4 only, and the
     rendezvous store then listens dual-stack, so its pick can land on a port an earlier DDP run left
@@ -100,7 +104,9 @@ def free_port() -> int:
 
 def subprocess_env() -> dict[str, str]:
     """The environment of a training subprocess: tests/ importable, one thread, its own DDP port."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    inherited = {k: v for k, v in os.environ.items()  # an in-process DDP test leaves its rank variables behind
+                 if k not in DDP_VARIABLES and not k.startswith(("PL_", "TORCHELASTIC_"))}
+    return dict(inherited, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
                 OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()))
 
 
