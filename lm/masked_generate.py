@@ -7,6 +7,8 @@ kept (confidence: the sampled code's log-probability) and the others stay masked
 masked after step i of n hidden frames is n cos(pi/2 (i + 1) / S_q) (the cosine schedule of
 training, at least one code fixed per step, none left after the last: `unmask_schedule`). Prompt
 frames are never changed, and levels finer than q stay masked until their turn, as in training.
+MaskGIT's choice temperature tau ranks by confidence + tau (1 - (i + 1) / S_q) g, g Gumbel noise
+from the same generator (zero at a level's last step; tau = 0 draws nothing: plain confidence).
 
 A continuation longer than one window (LMConfig.max_frames, or `window` frames) is made in chunks:
 each later chunk sees the last `context` frames made so far as its prompt and fills the rest of its
@@ -32,6 +34,7 @@ from lm.kv_cache import CrossMemory
 from lm.sampling import check_sampling_args, filter_logits, sample_next
 
 DEFAULT_STEPS = (16, 4, 2, 1, 1, 1, 1, 1)
+DEFAULT_CHOICE_TEMPERATURE = 0.0
 
 
 def steps_per_level(steps: Sequence[int] | str | None, n_codebooks: int) -> list[int]:
@@ -134,7 +137,7 @@ def iter_masked_decode(model, codes: Tensor, prompt_frames: int, steps: list[int
             hidden[:, known:] = True
             for i, n_fix in enumerate(unmask_schedule(end - start - known, steps[q])):
                 logits = decoder(tokens, q)[:, known:]  # [B, n, |V|]
-                sampled, confidence = choose(logits)
+                sampled, confidence = choose(logits, 1.0 - (i + 1) / steps[q])
                 confidence = confidence.masked_fill(~hidden[:, known:], -math.inf)
                 keep = confidence.topk(n_fix, dim=1).indices + known  # [B, n_fix], frames of the window
                 tokens[:, q].scatter_(1, keep, sampled.gather(1, keep - known))
@@ -144,30 +147,49 @@ def iter_masked_decode(model, codes: Tensor, prompt_frames: int, steps: list[int
 
 
 def _chooser(temperature: float, top_k: int | None, top_p: float | None, greedy: bool,
-             generator: torch.Generator | None):
-    """logits [B, n, |V|] -> (codes [B, n], confidence [B, n]: the code's log-probability where it was drawn)."""
-    def choose(logits: Tensor) -> tuple[Tensor, Tensor]:
+             generator: torch.Generator | None, choice_temperature: float = 0.0):
+    """(logits [B, n, |V|], anneal) -> (codes [B, n], confidence [B, n]): the code's log-probability where it
+    was drawn, plus choice_temperature x anneal x Gumbel noise (drawn only when that scale is > 0)."""
+    def choose(logits: Tensor, anneal: float = 0.0) -> tuple[Tensor, Tensor]:
         filtered = logits.float() if greedy else filter_logits(logits, temperature, top_k, top_p)
         codes = sample_next(logits, temperature, top_k, top_p, greedy=greedy, generator=generator)
-        return codes, filtered.log_softmax(dim=-1).gather(-1, codes[..., None])[..., 0]
+        confidence = filtered.log_softmax(dim=-1).gather(-1, codes[..., None])[..., 0]
+        scale = choice_temperature * anneal
+        if scale > 0:
+            u = torch.rand(confidence.shape, generator=generator, device=confidence.device)
+            confidence = confidence + scale * -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
+        return codes, confidence
     return choose
+
+
+def check_choice_temperature(tau) -> float:
+    """tau as a float (None: DEFAULT_CHOICE_TEMPERATURE); ValueError in one line unless a finite number >= 0."""
+    if tau is None:
+        return DEFAULT_CHOICE_TEMPERATURE
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (0 <= tau < math.inf):
+        raise ValueError(f"the choice temperature must be a finite number >= 0 (0: keep the most confident codes), "
+                         f"got {tau!r}")
+    return float(tau)
 
 
 def generate_masked(model, prompt_codes: Tensor | None, max_new_frames: int, *, steps=None,
                     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                     greedy: bool = False, generator: torch.Generator | None = None, seed: int | None = None,
-                    batch_size: int = 1, context: int | None = None, window: int | None = None, text=None,
+                    choice_temperature: float | None = None, batch_size: int = 1, context: int | None = None, window: int | None = None, text=None,
                     speaker=None, cfg_scale: float | None = None, progress: bool = False,
                     on_step=None) -> Tensor:
     """Continue `prompt_codes` [B, N_c, T0] (None: B = batch_size rows from nothing) by max_new_frames
     frames -> codes [B, N_c, T0 + n], the prompt copied unchanged.
 
     steps: per level (`steps_per_level`; default 16, 4, 2, 1, ...). Sampling as lm.sampling, reproducible
-    with `generator` or `seed`. window: frames per model pass (default max_frames; more only for RoPE).
+    with `generator` or `seed`. choice_temperature: MaskGIT's Gumbel noise on the confidence that ranks
+    which codes a step keeps (annealed to 0 by each level's last step; None: DEFAULT_CHOICE_TEMPERATURE,
+    0: the most confident). window: frames per model pass (default max_frames; more only for RoPE).
     context: frames of the past a later chunk sees (default half a window).
     text, speaker, cfg_scale: a conditioned masked LM's (as lm.generate). on_step: called with each
     MaskedStep. progress: a tqdm bar over the model calls."""
     check_sampling_args(temperature, top_k, top_p, greedy)
+    choice_temperature = check_choice_temperature(choice_temperature)
     cfg, device = model.cfg, model.device
     level_steps = steps_per_level(steps, cfg.n_codebooks)
     if prompt_codes is None:
@@ -190,7 +212,7 @@ def generate_masked(model, prompt_codes: Tensor | None, max_new_frames: int, *, 
     try:
         with torch.inference_mode():
             decoder = _Decoder(model, text, speaker, cfg_scale, b, stretch=window > cfg.max_frames)
-            choose = _chooser(temperature, top_k, top_p, greedy, generator)
+            choose = _chooser(temperature, top_k, top_p, greedy, generator, choice_temperature)
             for step in iter_masked_decode(model, codes, t0, level_steps, choose, decoder, context, window):
                 if on_step is not None:
                     on_step(step)

@@ -193,6 +193,54 @@ def test_same_seed_same_codes_and_batch_rows_are_independent():
     assert torch.equal(together, alone)
 
 
+def plain_maskgit(model, prompt, new, steps, generator, top_k):
+    """The decoder before the choice temperature: keep the n_fix sampled codes of highest log-probability."""
+    from lm.sampling import filter_logits, sample_next
+
+    b, t0 = prompt.shape[0], prompt.shape[-1]
+    tokens = torch.cat([prompt, torch.full((b, NC, new), model.mask_id)], dim=-1)
+    for q, s_q in enumerate(steps):
+        hidden = torch.ones(b, new, dtype=torch.bool)
+        for n_fix in unmask_schedule(new, s_q):
+            logits = model(tokens, level=q)[:, 0, t0:]
+            codes = sample_next(logits, 1.0, top_k, None, generator=generator)
+            conf = filter_logits(logits, 1.0, top_k, None).log_softmax(-1).gather(-1, codes[..., None])[..., 0]
+            keep = conf.masked_fill(~hidden, -math.inf).topk(n_fix, dim=1).indices
+            tokens[:, q, t0:].scatter_(1, keep, codes.gather(1, keep))
+            hidden.scatter_(1, keep, False)
+    return tokens
+
+
+def test_choice_temperature_0_is_plain_confidence_ranking_and_a_last_step_draws_no_noise():
+    model = tiny_masked()
+    prompt = codes_of(b=2, t=5)
+    with torch.inference_mode():
+        ref = plain_maskgit(model, prompt, 12, [4, 2, 1], gen(7), top_k=8)
+    assert torch.equal(generate_masked(model, prompt, 12, steps=[4, 2], generator=gen(7), top_k=8,
+                                       choice_temperature=0), ref)
+    one_step = generate_masked(model, prompt, 12, steps=[1, 1, 1], seed=2, choice_temperature=0)
+    assert torch.equal(generate_masked(model, prompt, 12, steps=[1, 1, 1], seed=2, choice_temperature=50.0),
+                       one_step)  # annealed: tau (1 - 1/1) = 0 at a level's only step
+
+
+def test_choice_temperature_keeps_the_schedule_and_the_prompt_is_seeded_and_reorders_the_keeps():
+    model = tiny_masked()
+    prompt = codes_of(b=2, t=5)
+    noisy, plain = [], []
+    out = generate_masked(model, prompt, 15, steps=[5, 3], seed=4, choice_temperature=4.5, on_step=noisy.append)
+    generate_masked(model, prompt, 15, steps=[5, 3], seed=4, choice_temperature=0, on_step=plain.append)
+    assert [s.fixed for s in noisy] == [s.fixed for s in plain] == (unmask_schedule(15, 5) + unmask_schedule(15, 3)
+                                                                   + [15])
+    assert all(int(s.hidden.sum(1).max()) == int(s.hidden.sum(1).min()) for s in noisy)
+    assert not noisy[-1].hidden.any() and torch.equal(out[..., :5], prompt)
+    assert ((out >= 0) & (out < V)).all()
+    assert torch.equal(out, generate_masked(model, prompt, 15, steps=[5, 3], seed=4, choice_temperature=4.5))
+    assert not torch.equal(noisy[0].hidden, plain[0].hidden)  # same samples, other positions kept first
+    for bad in (-0.5, math.nan, math.inf, True):
+        with pytest.raises(ValueError, match="choice temperature must be a finite number >= 0"):
+            generate_masked(model, prompt, 4, choice_temperature=bad)
+
+
 def test_a_conditioned_masked_lm_decodes_with_guidance_and_has_no_end_id():
     from lm.config import ConditionConfig
 

@@ -186,7 +186,8 @@ def test_generate_cli_continues_with_a_masked_lm(codec_and_masked, tmp_path, cap
     root = codec_and_masked
     out = tmp_path / "m.wav"
     assert rvqlm_main(["generate", "--lm", str(root / "lm"), "--codec", str(root / "codec"), "--seconds", "1.2",
-                       "--steps", "4,2", "--seed", "1", "--num-samples", "2", "--out", str(out), "--no-progress"]) == 0
+                       "--steps", "4,2", "--seed", "1", "--num-samples", "2", "--out", str(out), "--no-progress",
+                       "--choice-temperature", "3"]) == 0
     from codec.audio import audio_info
 
     assert audio_info(tmp_path / "m-1.wav").duration == pytest.approx(1.2)  # 60 frames: past the 40-frame window
@@ -196,18 +197,20 @@ def test_generate_cli_continues_with_a_masked_lm(codec_and_masked, tmp_path, cap
     assert audio_info(tmp_path / "one.wav").duration == pytest.approx(1.2)  # 60 frames in one 70-frame pass
 
 
-@pytest.mark.parametrize("steps, message", [("", "at least one"), ("4,0", "at least 1 step"),
-                                            ("4,2,1", "at most 2"), ("a", "comma-separated")])
-def test_generate_cli_refuses_bad_step_lists_in_one_line(codec_and_masked, tmp_path, capsys, steps, message):
+@pytest.mark.parametrize("flag, steps, message", [("--steps", "", "at least one"), ("--steps", "4,0", "at least 1 step"),
+                                                  ("--steps", "4,2,1", "at most 2"), ("--steps", "a", "comma-separated"),
+                                                  ("--choice-temperature", "-1", "finite number >= 0"),
+                                                  ("--choice-temperature", "nan", "finite number >= 0")])
+def test_generate_cli_refuses_bad_step_lists_in_one_line(codec_and_masked, tmp_path, capsys, flag, steps, message):
     root = codec_and_masked
-    rc = rvqlm_main(["generate", "--lm", str(root / "lm"), "--codec", str(root / "codec"), "--steps", steps,
+    rc = rvqlm_main(["generate", "--lm", str(root / "lm"), "--codec", str(root / "codec"), flag, steps,
                      "--out", str(tmp_path / "o.wav"), "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("flag, value", [("--steps", "4,2"), ("--window", "70")])
+@pytest.mark.parametrize("flag, value", [("--steps", "4,2"), ("--window", "70"), ("--choice-temperature", "2")])
 def test_generate_cli_refuses_masked_options_for_an_ar_lm(codec_and_masked, tmp_path, capsys, flag, value):
     root = codec_and_masked
     rc = rvqlm_main(["generate", "--lm", str(root / "ar"), "--codec", str(root / "codec"), flag, value,

@@ -9,7 +9,8 @@
 
 A masked LM (`rvqlm train-masked-lm`) fills the continuation by iterative parallel decoding,
 level by level (lm.masked_generate): --steps 16,4,2,1 gives the steps of the first levels (the
-others take 1 each; default 16,4,2,1,1,1,1,1).
+others take 1 each; default 16,4,2,1,1,1,1,1), --choice-temperature the Gumbel noise on the confidence
+that picks which sampled codes a step keeps (MaskGIT's; 0: the most confident).
 
 A conditioned LM reads --text (UTF-8, up to its text_max_bytes) and --speaker (a name from its
 table) with classifier-free guidance --cfg (default 3; 1 = no guidance), and stops by itself at
@@ -61,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)")
     p.add_argument("--steps", default=None, metavar="S0,S1,...",
                    help="a masked LM: decoding steps per level, e.g. 16,4,2,1 (later levels 1 each)")
+    p.add_argument("--choice-temperature", type=float, default=None, metavar="TAU",
+                   help="a masked LM: Gumbel noise x TAU on the confidence that ranks which codes a step keeps, "
+                        "annealed to 0 by each level's last step (default: lm.masked_generate's; 0: most confident)")
     p.add_argument("--window", type=int, default=None, metavar="FRAMES",
                    help="a masked LM: frames per model pass (default its context; a RoPE model may take more, "
                         "e.g. prompt + continuation in one pass, at distances it was not trained on)")
@@ -109,6 +113,8 @@ def check_request(args: argparse.Namespace) -> None:
             raise ValueError("--prompt-seconds needs --prompt")
         if not (args.prompt_seconds > 0 and math.isfinite(args.prompt_seconds)):
             raise ValueError(f"--prompt-seconds must be > 0, got {args.prompt_seconds}")
+    if args.choice_temperature is not None and not (0 <= args.choice_temperature < math.inf):
+        raise ValueError(f"--choice-temperature must be a finite number >= 0, got {args.choice_temperature}")
     if args.steps is not None:
         from lm.masked_generate import steps_per_level
 
@@ -150,7 +156,8 @@ def check_condition(args: argparse.Namespace, lm_model) -> None:
 def check_family(args: argparse.Namespace, lm_model) -> None:
     """Refuse options the LM's family has no use for (--steps for an AR LM; --stream, --no-cache for a masked one)."""
     if lm_model.cfg.family != "masked":
-        for flag, given in (("--steps", args.steps), ("--window", args.window)):
+        for flag, given in (("--steps", args.steps), ("--window", args.window),
+                            ("--choice-temperature", args.choice_temperature)):
             if given is not None:
                 raise ValueError(f"{flag} is for a masked LM; {args.lm} is an autoregressive LM (one step per frame)")
         return
@@ -216,7 +223,8 @@ def _generate(args: argparse.Namespace) -> int:
     if lm_model.cfg.family == "masked":
         codes = lm_model.generate(prompt, new_frames, steps=args.steps, temperature=args.temperature,
                                   top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed,
-                                  window=args.window, progress=not args.no_progress, **conditions)
+                                  window=args.window, choice_temperature=args.choice_temperature,
+                                  progress=not args.no_progress, **conditions)
         lengths = torch.full((codes.shape[0],), codes.shape[-1])
     else:
         codes, lengths = generate(lm_model, prompt, new_frames, temperature=args.temperature, top_k=args.top_k,
