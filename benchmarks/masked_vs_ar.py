@@ -3,7 +3,8 @@ in one run on this machine.
 
     .venv/bin/python benchmarks/masked_vs_ar.py --masked DIR [--ar models/lm-speech-16k] \\
         [--codec models/codec-speech-16k] --tokens DIR [--split test] [--prompts 8] [--prompt-seconds 3] \\
-        [--seconds 10] [--batch-sizes 1,8] [--steps 16,4,2,1] [--sweep 4,8,16,32] [--ratios 0.5] [--json out.json]
+        [--seconds 10] [--batch-sizes 1,8] [--steps 16,4,2,1] [--sweep 4,8,16,32] [--step-lists "8,2;6,2,1"] \\
+        [--choice-temperature 0] [--choice-sweep 0,2,4.5] [--one-pass [--no-chunked]] [--ratios 0.5] [--json out.json]
 
 Speed, per batch size B (the first B prompts; B = 1 repeats over `--timing-prompts` prompts, median):
 sequential model calls per second of audio (the latency parallel hardware sees: one AR call per
@@ -14,9 +15,12 @@ reads (every parameter once per call) at the measured memory bandwidth, whicheve
 Quality, on the batch of all prompts (both at --temperature / --top-k; default plain sampling), next to the real audio that
 follows the prompts in their files: NLL of the continuation under the AR LM, repetition share and
 silence share (benchmarks/continuation_quality.py) and DNSMOS OVRL (speechmos, offline) of the
-decoded continuation. --sweep varies level 0's steps (the other levels as --steps) for time and quality.
---one-pass adds the masked LM run over prompt + continuation as one window (`window=`, a RoPE model
-stretched past the windows it was trained on: one chunk, so sum(steps) calls in all).
+decoded continuation. --sweep varies level 0's steps (the other levels as --steps), --step-lists adds whole
+step lists and --choice-sweep other choice temperatures (MaskGIT's Gumbel noise on the keep ranking), all
+crossed, for time and quality. --one-pass adds the masked LM run over prompt + continuation as one window
+(`window=`, a RoPE model stretched past the windows it was trained on: one chunk, so sum(steps) calls in
+all); --no-chunked leaves out the runs in the model's own windows. Each masked row is also compared with
+the AR LM and with the first masked row prompt by prompt: mean difference and its standard error.
 
 Masked NLL per level on the split at each of --ratios (lm.masked_training.masked_held_out_report:
 level q hidden at the ratio, finer levels hidden, coarser visible; `--score-windows` evenly spaced windows).
@@ -90,19 +94,36 @@ def run_ar(ar, prompts: torch.Tensor, new_frames: int, args, seed: int) -> tuple
 
 
 def run_masked(masked, prompts: torch.Tensor, new_frames: int, args, seed: int, steps,
-               window: int | None = None) -> tuple[torch.Tensor, float]:
+               window: int | None = None, tau: float | None = None) -> tuple[torch.Tensor, float]:
     t0 = time.perf_counter()
+    tau = args.choice_temperature if tau is None else tau
     codes = masked.generate(prompts, new_frames, steps=steps, temperature=args.temperature, top_k=args.top_k,
-                            seed=seed, window=window)
+                            seed=seed, window=window, choice_temperature=tau)
     return codes, time.perf_counter() - t0
 
 
 # ---- measurements ---------------------------------------------------------------------------------------
 
 def masked_variants(masked, total_frames: int, args) -> list[tuple[str, int]]:
-    """("masked", its window) and, with --one-pass, ("masked 1 pass", the whole clip as one window)."""
-    return [("masked", masked.cfg.max_frames)] + ([("masked 1 pass", max(total_frames, masked.cfg.max_frames))]
-                                                   if args.one_pass else [])
+    """("masked", its window) unless --no-chunked and, with --one-pass, ("masked 1 pass", the whole clip as one
+    window)."""
+    return ([] if args.no_chunked else [("masked", masked.cfg.max_frames)]) + (
+        [("masked 1 pass", max(total_frames, masked.cfg.max_frames))] if args.one_pass else [])
+
+
+def masked_settings(masked, total_frames: int, args) -> list[tuple[str, list[int], int, float]]:
+    """(row name, steps, window, choice temperature) of every masked quality row: each variant x step list
+    (--steps, its --sweep of level 0, --step-lists) x choice temperature (--choice-temperature, --choice-sweep)."""
+    from lm.masked_generate import check_choice_temperature, steps_per_level
+
+    n_c = masked.cfg.n_codebooks
+    base = steps_per_level(args.steps, n_c)
+    lists = [base] + [[first, *base[1:]] for first in args.sweep if first != base[0]]
+    lists += [s for s in (steps_per_level(x, n_c) for x in args.step_lists) if s not in lists]
+    tau0 = check_choice_temperature(args.choice_temperature)
+    taus = [tau0] + [t for t in args.choice_sweep if t != tau0]
+    return [(f"{name} {','.join(map(str, steps))} tau {tau:g}", steps, window, tau)
+            for name, window in masked_variants(masked, total_frames, args) for steps in lists for tau in taus]
 
 
 def speed(ar, masked, prompts: torch.Tensor, new_frames: int, args, frame_rate: float, machine: dict) -> list[dict]:
@@ -120,10 +141,12 @@ def speed(ar, masked, prompts: torch.Tensor, new_frames: int, args, frame_rate: 
     for b in args.batch_sizes:
         groups = ([prompts[i:i + 1] for i in range(min(args.timing_prompts, len(prompts)))] if b == 1
                   else [prompts[:b]])
-        for name, model, calls, frames_per_call, run in runs:
-            wall = statistics.median(run(p)[1] for p in groups)
+        walls = [[run(p)[1] for *_, run in runs] for p in groups]  # interleaved: each prompt by every run in turn
+        for j, (name, model, calls, frames_per_call, run) in enumerate(runs):
+            wall = statistics.median(w[j] for w in walls)
             rows.append({"family": name, "batch": int(groups[0].shape[0]), "calls_per_audio_s": calls / seconds,
                          "wall_s": wall, "frames_per_s": groups[0].shape[0] * new_frames / wall,
+                         "vs_ar": statistics.median(w[j] / w[0] for w in walls),
                          **bound(model, calls, min(frames_per_call, t0 + new_frames), groups[0].shape[0],
                                  machine["matmul_flops"], machine["bandwidth"])})
     return rows
@@ -134,28 +157,45 @@ def quality(ar, codec, codes: torch.Tensor, start: int, args) -> dict:
     from rvqlm.metrics import dnsmos
 
     rows = list(codes)
-    out = measure(ar, codec, rows, start, args.ngram, args.silence_dbfs).means()
+    measured = measure(ar, codec, rows, start, args.ngram, args.silence_dbfs)
+    out = measured.means()
     scores = []
     for row in rows:
         wav = codec.decode(row[None])[0, 0, start * codec.hop_length:].float().cpu().numpy()
         scores.append(dnsmos(wav, codec.sample_rate)["dnsmos_ovrl"] if wav.size else float("nan"))
     out["dnsmos_ovrl"] = float(np.nanmean(scores)) if not all(np.isnan(scores)) else float("nan")
+    out["per_prompt"] = {"nll": measured.nll, "rep_share": measured.rep_share, "silence": measured.silence,
+                         "dnsmos_ovrl": [float(x) for x in scores]}
+    return out
+
+
+PAIRED = ("dnsmos_ovrl", "silence", "rep_share", "nll")
+
+
+def paired(rows: dict, reference: str) -> dict:
+    """Per masked row: {measure: (mean of row - reference over the prompts both scored, its standard error, n)}."""
+    ref = rows[reference]["per_prompt"]
+    out = {}
+    for name, q in rows.items():
+        if name == reference or not name.startswith("masked"):
+            continue
+        out[name] = {}
+        for k in PAIRED:
+            d = np.array(q["per_prompt"][k], dtype=float) - np.array(ref[k], dtype=float)
+            d = d[~np.isnan(d)]
+            se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+            out[name][k] = (float(d.mean()) if len(d) else float("nan"), se, int(len(d)))
     return out
 
 
 def compare_quality(ar, masked, codec, prompts, new_frames: int, args) -> dict:
     """Both families' continuations of every prompt (one batch each) and the real audio after the prompts."""
-    from lm.masked_generate import steps_per_level
-
     start = prompts.codes.shape[-1]
     ar_codes, ar_s = run_ar(ar, prompts.codes, new_frames, args, args.seed)
     out = {"AR (KV cache)": {**quality(ar, codec, ar_codes, start, args), "wall_s": ar_s}}
-    base = steps_per_level(args.steps, masked.cfg.n_codebooks)
-    for name, window in masked_variants(masked, start + new_frames, args):
-        for first in [base[0], *([s for s in args.sweep if s != base[0]] if name == "masked" else [])]:
-            steps = [first, *base[1:]]
-            codes, wall = run_masked(masked, prompts.codes, new_frames, args, args.seed, steps, window)
-            out[f"{name} {','.join(map(str, steps))}"] = {**quality(ar, codec, codes, start, args), "wall_s": wall}
+    for name, steps, window, tau in masked_settings(masked, start + new_frames, args):
+        codes, wall = run_masked(masked, prompts.codes, new_frames, args, args.seed, steps, window, tau)
+        out[name] = {**quality(ar, codec, codes, start, args), "wall_s": wall}
     real = [r for r in prompts.real if r.shape[-1] > start]
     if real:
         out["real audio"] = {**_real_quality(ar, codec, real, start, args), "wall_s": float("nan")}
@@ -165,7 +205,7 @@ def compare_quality(ar, masked, codec, prompts, new_frames: int, args) -> dict:
 def _real_quality(ar, codec, real: list[torch.Tensor], start: int, args) -> dict:
     """quality() of rows of different lengths, one at a time, averaged."""
     parts = [quality(ar, codec, r[None], start, args) for r in real]
-    return {k: float(np.nanmean([p[k] for p in parts])) for k in parts[0]}
+    return {k: float(np.nanmean([p[k] for p in parts])) for k in parts[0] if k != "per_prompt"}
 
 
 def masked_nll_table(masked, tokens: str, split: str, ratios: list[float], windows: int | None) -> dict:
@@ -192,9 +232,15 @@ def parse_args(argv):
     p.add_argument("--batch-sizes", default="1,8")
     p.add_argument("--steps", default=None, help="masked steps per level (default 16,4,2,1,1,1,1,1)")
     p.add_argument("--sweep", default="4,8,16,32", help="level-0 step counts to compare ('' for none)")
+    p.add_argument("--step-lists", default="", help="whole step lists to compare, ';'-separated: '8,2;6,2,1'")
+    p.add_argument("--choice-temperature", type=float, default=None,
+                   help="MaskGIT's choice temperature of every masked run (default: lm.masked_generate's)")
+    p.add_argument("--choice-sweep", default="", help="other choice temperatures to compare, e.g. 0,2,4.5")
     p.add_argument("--one-pass", action="store_true",
                    help="also run the masked LM over the whole clip in one window (RoPE past its training context)")
-    p.add_argument("--ratios", default="0.5", help="mask ratios of the per-level masked NLL")
+    p.add_argument("--no-chunked", action="store_true",
+                   help="with --one-pass: leave out the masked runs in the model's own windows")
+    p.add_argument("--ratios", default="0.5", help="mask ratios of the per-level masked NLL ('' for none)")
     p.add_argument("--score-windows", type=int, default=64, help="windows of the split the masked NLL scores")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=None, help="default: none (plain sampling, the AR LM's best)")
@@ -207,9 +253,15 @@ def parse_args(argv):
     try:
         args.batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
         args.sweep = [int(x) for x in args.sweep.split(",")] if args.sweep.strip() else []
-        args.ratios = [float(x) for x in args.ratios.split(",")]
+        args.ratios = [float(x) for x in args.ratios.split(",")] if args.ratios.strip() else []
+        args.choice_sweep = [float(x) for x in args.choice_sweep.split(",")] if args.choice_sweep.strip() else []
+        args.step_lists = [x for x in args.step_lists.split(";") if x.strip()]
     except ValueError:
-        p.error("--batch-sizes, --sweep and --ratios are comma-separated numbers")
+        p.error("--batch-sizes, --sweep, --choice-sweep and --ratios are comma-separated numbers")
+    if args.no_chunked and not args.one_pass:
+        p.error("--no-chunked needs --one-pass (else no masked run is left)")
+    if not all(0 <= t < float("inf") for t in args.choice_sweep + [args.choice_temperature or 0.0]):
+        p.error("choice temperatures must be finite numbers >= 0")
     if min(args.batch_sizes + [args.prompts, args.timing_prompts, args.threads]) < 1:
         p.error("batch sizes, --prompts, --timing-prompts and --threads must be >= 1")
     if not all(0 < r <= 1 for r in args.ratios) or min(args.sweep, default=1) < 1:
@@ -242,9 +294,11 @@ def run(args) -> dict:
     with torch.inference_mode():
         speed_rows = speed(ar, masked, prompts.codes, new_frames, args, codec.frame_rate, machine)
         qual = compare_quality(ar, masked, codec, prompts, new_frames, args)
+    first = next(name for name in qual if name.startswith("masked"))
+    pairs = {ref: table for ref in ("AR (KV cache)", first) if (table := paired(qual, ref))}
     nll = masked_nll_table(masked, args.tokens, args.split, args.ratios, args.score_windows)
     return {"machine": machine, "prompts": prompts.paths, "prompt_frames": prompt_frames, "new_frames": new_frames,
-            "speed": speed_rows, "quality": qual, "masked_nll": nll}
+            "speed": speed_rows, "quality": qual, "paired": pairs, "masked_nll": nll}
 
 
 def report_lines(result: dict) -> list[str]:
@@ -252,15 +306,21 @@ def report_lines(result: dict) -> list[str]:
     lines = [f"machine: fp32 matmul {m['matmul_flops'] / 1e9:.1f} GFLOP/s, copy {m['bandwidth'] / 1e9:.1f} GB/s, "
              f"{m['threads']} thread(s); {len(result['prompts'])} prompts of {result['prompt_frames']} frames "
              f"+ {result['new_frames']} new",
-             f"{'family':<14} {'batch':>5} {'calls/audio s':>13} {'wall s':>8} {'frames/s':>9} "
+             f"{'family':<14} {'batch':>5} {'calls/audio s':>13} {'wall s':>8} {'x AR':>6} {'frames/s':>9} "
              f"{'FLOP-bound s':>12} {'read-bound s':>12}  bound"]
     for r in result["speed"]:
         lines.append(f"{r['family']:<14} {r['batch']:>5d} {r['calls_per_audio_s']:>13.2f} {r['wall_s']:>8.2f} "
-                     f"{r['frames_per_s']:>9.1f} {r['flops_s']:>12.2f} {r['weights_s']:>12.2f}  {r['bound']}")
-    lines.append(f"{'continuation':<30} {'AR NLL':>7} {'rep share':>9} {'silence':>8} {'DNSMOS':>7} {'wall s':>7}")
+                     f"{r['vs_ar']:>6.2f} {r['frames_per_s']:>9.1f} {r['flops_s']:>12.2f} {r['weights_s']:>12.2f}  "
+                     f"{r['bound']}")
+    width = max(30, *(len(n) for n in result["quality"]))
+    lines.append(f"{'continuation':<{width}} {'AR NLL':>7} {'rep share':>9} {'silence':>8} {'DNSMOS':>7} {'wall s':>7}")
     for name, q in result["quality"].items():
-        lines.append(f"{name:<30} {q['nll']:>7.3f} {q['rep_share']:>9.3f} {q['silence']:>8.3f} "
+        lines.append(f"{name:<{width}} {q['nll']:>7.3f} {q['rep_share']:>9.3f} {q['silence']:>8.3f} "
                      f"{q['dnsmos_ovrl']:>7.2f} {q['wall_s']:>7.2f}")
+    for reference, table in result["paired"].items():
+        lines.append(f"paired, row - {reference} (mean +- s.e. over prompts): " + ", ".join(PAIRED))
+        for name, d in table.items():
+            lines.append(f"  {name:<{width}} " + "  ".join(f"{m:+.3f} +- {se:.3f}" for m, se, _ in d.values()))
     for ratio, per_level in result["masked_nll"].items():
         lines.append(f"masked NLL at ratio {ratio}: " + " ".join(f"{x:.3f}" for x in per_level))
     return lines

@@ -78,16 +78,24 @@ def test_the_script_measures_both_families_end_to_end(setup, tmp_path, capsys, m
     assert bench.main(["--masked", str(root / "masked"), "--ar", str(root / "ar"), "--codec", str(root / "codec"),
                        "--tokens", str(root / "tokens"), "--prompts", "2", "--timing-prompts", "2",
                        "--prompt-seconds", "0.2", "--seconds", "0.6", "--batch-sizes", "1,2", "--steps", "4,2",
-                       "--sweep", "8", "--one-pass", "--ratios", "0.5,1", "--score-windows", "4", "--json", str(out)]) == 0
+                       "--sweep", "8", "--one-pass", "--ratios", "0.5,1", "--score-windows", "4", "--json", str(out),
+                       "--choice-sweep", "3", "--step-lists", "2"]) == 0
     result = json.loads(out.read_text())
     speed = {(r["family"], r["batch"]): r for r in result["speed"]}
     assert set(speed) == {(f, b) for f in ("AR (KV cache)", "masked", "masked 1 pass") for b in (1, 2)}
     assert speed[("AR (KV cache)", 1)]["calls_per_audio_s"] == pytest.approx((30 + 1) / 0.6)
     assert speed[("masked", 1)]["calls_per_audio_s"] == pytest.approx(3 * 6 / 0.6)  # 3 chunks x (4 + 2) steps
     assert speed[("masked 1 pass", 1)]["calls_per_audio_s"] == pytest.approx((4 + 2) / 0.6)  # one 40-frame window
-    assert set(result["quality"]) == {"AR (KV cache)", "masked 4,2", "masked 8,2", "masked 1 pass 4,2", "real audio"}
+    assert speed[("AR (KV cache)", 1)]["vs_ar"] == 1.0 and speed[("masked", 2)]["vs_ar"] > 0
+    masked_rows = {f"{v} {s} tau {t}" for v in ("masked", "masked 1 pass") for s in ("4,2", "8,2", "2,1") for t in (0, 3)}
+    assert set(result["quality"]) == {"AR (KV cache)", "real audio"} | masked_rows
     for q in result["quality"].values():
         assert q["prompts"] >= 1 and 0 <= q["rep_share"] <= 1 and np.isfinite(q["nll"]) and q["dnsmos_ovrl"] > 0
+    ar, row = result["quality"]["AR (KV cache)"], result["quality"]["masked 2,1 tau 3"]
+    for ref, table in (("AR (KV cache)", ar), ("masked 4,2 tau 0", result["quality"]["masked 4,2 tau 0"])):
+        assert set(result["paired"][ref]) == masked_rows - {ref}
+        mean, se, n = result["paired"][ref]["masked 2,1 tau 3"]["silence"]
+        assert n == 2 and mean == pytest.approx(row["silence"] - table["silence"]) and se >= 0
     assert set(result["masked_nll"]) == {"0.5", "1.0"} and len(result["masked_nll"]["0.5"]) == 2
     printed = capsys.readouterr().out
     assert "calls/audio s" in printed and "masked NLL at ratio 0.5" in printed
