@@ -13,6 +13,10 @@ distance, SI-SDR, STOI, PESQ; the files `benchmarks/codec_quality.py` picks):
     true magnitude + random phase    the floor a phase can fall to
     true magnitude + Griffin-Lim     a phase found from the true magnitudes alone (100 iterations)
     ours magnitude + Griffin-Lim     the same from the decoder's magnitudes (started at its phase)
+    ours magnitude + excitation      the phase of a source-filter decoder's excitation (codec/excitation.py:
+                                     a harmonic pulse train at the original's YIN f0 where voiced, white
+                                     noise elsewhere): what an explicit f0 stream could give the decoder
+    ours magnitude + excitation of decoded f0    the same at the f0 of our own output (no side stream)
     ours below 4 kHz + true above    the decoder's bins below BAND_SPLIT_HZ, the original's above
     true below 4 kHz + ours above    the other way round: which band costs the quality
 
@@ -20,7 +24,7 @@ If "ours magnitude + true phase" is far above "ours", the phases are what costs 
 adversarial phase of `recipes/experiments/codec_speech_gan_decoder.yaml` aims at them); if "true
 magnitude + ours phase" is far above "ours", the magnitudes are. The last row tells whether the decoder's
 magnitudes are consistent (a real STFT could have them): if Griffin-Lim makes them worse while it
-makes the true magnitudes nearly perfect, they are not.
+makes the true magnitudes nearly perfect, they are not. `--dnsmos` adds DNSMOS P.835 (no reference).
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ from pathlib import Path
 
 import torch
 
+from codec.excitation import excitation_spectra
+from codec.pitch import yin
 from rvqlm.roundtrips import held_out_parser
 
 
 VARIANTS = ("ours", "ours magnitude + true phase", "true magnitude + ours phase", "true magnitude + random phase",
             "true magnitude + Griffin-Lim", "ours magnitude + Griffin-Lim",
-            "ours below 4 kHz + true above", "true below 4 kHz + ours above")
+            "ours below 4 kHz + true above", "true below 4 kHz + ours above", "ours magnitude + excitation",
+            "ours magnitude + excitation of decoded f0")
 BAND_SPLIT_HZ = 4000.0
 
 
@@ -86,6 +93,14 @@ def spectral_mixes(codec, wav: torch.Tensor, *, n_iter: int = 100, seed: int = 0
         out = {name: istft(s) for name, s in spectra.items()}
         out["true magnitude + Griffin-Lim"] = griffin_lim(true.abs(), random_phase, stft, istft, n_iter)
         out["ours magnitude + Griffin-Lim"] = griffin_lim(ours.abs(), ours.angle(), stft, istft, n_iter)
+        generator = torch.Generator().manual_seed(seed)
+        for name, source in (("ours magnitude + excitation", wav[0].float()),
+                             ("ours magnitude + excitation of decoded f0", out["ours"])):
+            f0, voiced = yin(torch.nn.functional.pad(source, (0, total - source.shape[-1])), codec.sample_rate, hop)
+            harmonic, noise = excitation_spectra(f0[:, :n_frames], voiced[:, :n_frames], n_fft, hop, window,
+                                                 codec.sample_rate, generator=generator)
+            donor = torch.where(voiced[:, None, :n_frames], harmonic, noise)
+            out[name] = istft(torch.polar(ours.abs(), donor.angle()))
     return {name: out[name][0, :length] for name in VARIANTS}
 
 
@@ -93,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p = held_out_parser(__doc__.split("\n\n")[0], max_files=8,
                         codec_help="a saved codec folder with the iSTFT decoder")
     p.add_argument("--griffin-lim-iters", type=int, default=100)
+    p.add_argument("--dnsmos", action="store_true", help="also score DNSMOS P.835 (about 0.3 s per 9 s per row)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -111,20 +127,22 @@ def main(argv: list[str] | None = None) -> int:
         for name, decoded in mixes.items():
             d = decoded.numpy()
             per_variant[name].append(score(ref, align(d, estimate_lag(ref, d, codec.sample_rate), len(ref)),
-                                           codec.sample_rate))
+                                           codec.sample_rate, with_dnsmos=args.dnsmos))
     means = {name: mean_scores(rows).means for name, rows in per_variant.items()}
     print(f"codec {args.codec} ({codec.fingerprint()[:12]}), {len(files)} files of {args.corpus}/{args.split}, "
           f"all {codec.n_codebooks} codebooks, means over files")
-    print(f"{'spectrum':<32} {'mel v':>7} {'SI-SDR ^':>9} {'STOI ^':>7} {'PESQ ^':>7}")
+    dns = f" {'SIG ^':>6} {'BAK ^':>6} {'OVRL ^':>7}" if args.dnsmos else ""
+    print(f"{'spectrum':<42} {'mel v':>7} {'SI-SDR ^':>9} {'STOI ^':>7} {'PESQ ^':>7}{dns}")
     for name, m in means.items():
-        print(f"{name:<32} {m['mel']:>7.3f} {m['si_sdr']:>9.2f} {m['stoi']:>7.3f} {m['pesq']:>7.2f}")
+        dns = (f" {m['dnsmos_sig']:>6.2f} {m['dnsmos_bak']:>6.2f} {m['dnsmos_ovrl']:>7.2f}" if args.dnsmos else "")
+        print(f"{name:<42} {m['mel']:>7.3f} {m['si_sdr']:>9.2f} {m['stoi']:>7.3f} {m['pesq']:>7.2f}{dns}")
     print(f"wall time {time.perf_counter() - t0:.0f} s")
     if args.json:
         from rvqlm_core.atomic import atomic_write_json
 
         atomic_write_json(Path(args.json), {"codec": str(args.codec), "codec_fingerprint": codec.fingerprint(),
                                             "split": args.split, "files": [str(f) for f in files],
-                                            "means": {k: {m: float(v[m]) for m in METRICS} for k, v in means.items()}})
+                                            "means": {k: {m: float(v[m]) for m in METRICS if m in v} for k, v in means.items()}})
     return 0
 
 
