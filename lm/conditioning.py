@@ -11,7 +11,12 @@ Source sequence, [B, M] ids with M = 1 + max(1, longest text in bytes):
     after the end     PAD_BYTE, masked out of every attention (never a key)
 
 The encoder is the decoder's pre-norm Block without a causal mask (only the padding is masked),
-RoPE over source positions, and a final norm. Training drops the text and the speaker
+RoPE over source positions, and a final norm of the rows centred over the real positions (the
+row mean is removed first: without it the encoder learned one large constant for every row, which
+the norm turned into the same vector everywhere, so no condition reached the decoder; see
+docs/experiments.md). The speaker also has a direct path: a row of the voice table, added to
+every decoder input (WaveNet's global conditioning), zero at initialisation so that a decoder
+started from an unconditioned LM starts as it was. Training drops the text and the speaker
 independently to their null conditions (`ConditionConfig.text_dropout` / `speaker_dropout`), so
 one model is conditional and unconditional and classifier-free guidance (lm.guidance) can
 compare the two. Null text plus null speaker is the unconditional model.
@@ -110,7 +115,7 @@ def condition_inputs(cond: ConditionConfig, texts: str | Sequence[str | None] | 
 
 class ConditionEncoder(nn.Module):
     """Bidirectional transformer over [speaker, text bytes]: ConditionInputs -> CrossMemory
-    (states [B, M, d], mask [B, M]). Training mode drops text / speaker to null at their rates."""
+    (states [B, M, d], mask [B, M], voice [B, d]). Training mode drops text / speaker to null at their rates."""
 
     def __init__(self, cfg: LMConfig):
         super().__init__()
@@ -119,10 +124,15 @@ class ConditionEncoder(nn.Module):
         self.cond = cfg.condition
         self.text_embedding = nn.Embedding(TEXT_ROWS, cfg.d_model)
         self.speaker_embedding = nn.Embedding(len(self.cond.speakers) + 1, cfg.d_model)  # last row: null
+        self.voice = nn.Embedding(len(self.cond.speakers) + 1, cfg.d_model)  # zero at start (reset_voice)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base)
         self.dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(self.cond.encoder_layers))
         self.norm = make_norm(cfg)
+
+    @torch.no_grad()
+    def reset_voice(self) -> None:
+        nn.init.zeros_(self.voice.weight)
 
     def null_inputs(self, batch_size: int) -> ConditionInputs:
         """B rows of null text and null speaker (the unconditional model)."""
@@ -165,4 +175,12 @@ class ConditionEncoder(nn.Module):
         key_mask = mask[:, None, None, :]  # every real position sees every real position: no causal mask
         for block in self.blocks:
             h = block(h, rope, None, key_mask)
-        return CrossMemory(self.norm(h), mask)
+        return CrossMemory(self.norm(centred(h, mask)), mask, voice=self.voice(inputs.speaker))
+
+
+def centred(h: Tensor, mask: Tensor) -> Tensor:
+    """h [B, M, d] minus its mean over the real positions (mask [B, M] True): what differs between
+    source positions; padding rows are left as they are (no query ever reads them)."""
+    weights = mask.to(h.dtype)[..., None]
+    mean = (h * weights).sum(1, keepdim=True) / weights.sum(1, keepdim=True).clamp_min(1.0)
+    return torch.where(mask[..., None], h - mean, h)

@@ -208,12 +208,14 @@ class CrossMemory:
     states [B, M, d]: encoder output rows (M source positions). mask [B, M] bool: True = a real
     source position (False: padding past a shorter text). kv: per decoder layer (k, v), each
     [B, H_kv, M, Dh], filled once per sequence by `MultiCodebookLM.cross_memory` for generation;
-    None: each forward projects `states` itself (training).
+    None: each forward projects `states` itself (training). voice [B, d]: the speaker's row of the
+    encoder's voice table, which the decoder adds to every input position (None: nothing added).
     """
 
     states: Tensor
     mask: Tensor
     kv: list[tuple[Tensor, Tensor]] | None = None
+    voice: Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -133,6 +133,8 @@ class MaskedLM(MultiCodebookLM):
         keys = torch.ones(1, t, dtype=torch.bool, device=tokens.device) if frame_mask is None else frame_mask
         mask = keys[:, None, None, :]  # [B | 1, 1, 1, T]: every query sees every real frame, both sides
         h = self.embed(tokens)
+        if memory is not None and memory.voice is not None:
+            h = h + memory.voice.to(h.dtype)[:, None, :]
         if self.pos_embedding is not None:
             h = h + self.pos_embedding(positions)
         h = self.dropout(h)

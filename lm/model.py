@@ -133,6 +133,7 @@ class MultiCodebookLM(nn.Module):
             for proj in residual_projections(block):
                 nn.init.normal_(proj.weight, std=init_std(self.cfg.n_layers, residual=True))
         if self.condition_encoder is not None:
+            self.condition_encoder.reset_voice()
             for block in self.condition_encoder.blocks:
                 for proj in residual_projections(block):
                     nn.init.normal_(proj.weight, std=init_std(len(self.condition_encoder.blocks), residual=True))
@@ -241,6 +242,8 @@ class MultiCodebookLM(nn.Module):
             positions, mask = cache.begin(s)
 
         h = self.embed(tokens)
+        if memory is not None and memory.voice is not None:
+            h = h + memory.voice.to(h.dtype)[:, None, :]
         if self.pos_embedding is not None:
             h = h + self.pos_embedding(positions)
         h = self.dropout(h)
