@@ -8,7 +8,8 @@
 #                second lr cycle to step 9000; 0: stop after stage 1 and ship it); stages 4-7 follow,
 #                layered over stage 3's recipe: codec_speech_cycle.yaml (6000 steps),
 #                codec_speech_speed.yaml (5000), codec_speech_loudness_decoder.yaml (3000, tokens kept),
-#                codec_speech_loudness_cycle.yaml (4000, new tokens)
+#                codec_speech_loudness_cycle.yaml (4000, new tokens), codec_speech_voices.yaml (3000, on
+#                the built-in corpus plus the voices corpus, `rvqlm corpus prepare --voices`; new tokens)
 #   LM_STEPS     LM stage-1 steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
 #   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; the shipped LM:
 #                300; 0: none)
@@ -55,7 +56,15 @@ if [ "$CODEC_STEPS3" -gt 0 ]; then
       runs/codec_speech_loudness_decoder/export --decoder-dtype float16
   $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --config recipes/codec_speech_cycle.yaml \
       --config recipes/codec_speech_speed.yaml --config recipes/codec_speech_loudness_cycle.yaml
-  final="$(last_run codec_speech_loudness_cycle)/checkpoints/last.ckpt"
+  # Stage 8 started from stage 7 as shipped, its decoder stored as float16, on more voices.
+  $RVQLM export-codec "$(last_run codec_speech_loudness_cycle)/checkpoints/last.ckpt" \
+      runs/codec_speech_loudness_cycle/export --decoder-dtype float16
+  bash scripts/system_deps.sh --voices
+  $RVQLM corpus prepare --voices
+  $RVQLM train-codec --config recipes/codec_speech_long_window_joint.yaml --config recipes/codec_speech_cycle.yaml \
+      --config recipes/codec_speech_speed.yaml --config recipes/codec_speech_loudness_cycle.yaml \
+      --config recipes/codec_speech_voices.yaml
+  final="$(last_run codec_speech_voices)/checkpoints/last.ckpt"
 else
   final="$(last_run codec_speech_istft)/checkpoints/last.ckpt"
 fi

@@ -89,7 +89,7 @@ def test_the_shipped_models_stages_parse_as_the_script_layers_them(capsys):
     assert [layers[-1] for command, layers in stacks if command == "train-codec"] == [
         f"recipes/codec_speech_{stage}.yaml" for stage in
         ("istft", "long_window", "long_window_joint", "long_window_joint", "cycle", "speed", "loudness_decoder",
-         "loudness_cycle")]
+         "loudness_cycle", "voices")]
     for command, layers in stacks:
         assert _print_config(command, layers, capsys)["model"]
 
