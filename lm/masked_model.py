@@ -132,16 +132,7 @@ class MaskedLM(MultiCodebookLM):
         positions = torch.arange(t, device=tokens.device)
         keys = torch.ones(1, t, dtype=torch.bool, device=tokens.device) if frame_mask is None else frame_mask
         mask = keys[:, None, None, :]  # [B | 1, 1, 1, T]: every query sees every real frame, both sides
-        h = self.embed(tokens)
-        if memory is not None and memory.voice is not None:
-            h = h + memory.voice.to(h.dtype)[:, None, :]
-        if self.pos_embedding is not None:
-            h = h + self.pos_embedding(positions)
-        h = self.dropout(h)
-        rope = self.rope.cos_sin(positions, h.dtype) if self.rope is not None else None
-        for block in self.blocks:
-            h = block(h, rope, None, mask, memory)
-        return self.final_norm(h)
+        return self.trunk(tokens, positions, mask, None, memory)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs per frame: 6 x the block matrices plus the one head a row is scored by, and attention."""

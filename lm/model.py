@@ -241,6 +241,13 @@ class MultiCodebookLM(nn.Module):
                 return self._forward_past_sink_window(tokens, cache, memory)
             positions, mask = cache.begin(s)
 
+        return self.logits(self.trunk(tokens, positions, mask, cache, memory))
+
+    def trunk(self, tokens: Tensor, positions: Tensor, mask: Tensor | None, cache: KVCache | None,
+              memory: CrossMemory | None) -> Tensor:
+        """The summed embeddings (plus the speaker's voice row and absolute positions where the model
+        has them), dropout, the blocks and the final norm: tokens [B, N_c, S] -> states [B, S, d].
+        positions [S]; mask: the attention mask the blocks take (None: causal)."""
         h = self.embed(tokens)
         if memory is not None and memory.voice is not None:
             h = h + memory.voice.to(h.dtype)[:, None, :]
@@ -250,7 +257,7 @@ class MultiCodebookLM(nn.Module):
         rope = self.rope.cos_sin(positions, h.dtype) if self.rope is not None else None
         for block in self.blocks:
             h = block(h, rope, cache, mask, memory)
-        return self.logits(self.final_norm(h))
+        return self.final_norm(h)
 
     def logits(self, h: Tensor) -> Tensor:
         """The N_c heads: final-norm states h [B, S, d] -> logits [B, N_c, S, n_outputs] (int8 heads in an int8 LM)."""
