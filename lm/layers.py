@@ -125,11 +125,9 @@ class Attention(nn.Module):
         mask (K = S) or, with a cache, for "every returned key is visible". A given mask replaces
         the causal one (the condition encoder passes only its padding mask: no causal mask there).
         """
-        q, k, v = self.qkv(x).split(
-            [self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim], dim=-1)
-        q = rearrange(q, "b s (h d) -> b h s d", d=self.head_dim)
-        k = rearrange(k, "b s (h d) -> b h s d", d=self.head_dim)
-        v = rearrange(v, "b s (h d) -> b h s d", d=self.head_dim)
+        b, s, _ = x.shape
+        heads = self.qkv(x).view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, H + 2 H_kv, S, Dh]
+        q, k, v = heads.split([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # keys are cached already rotated
         if cache is not None:
@@ -140,7 +138,7 @@ class Attention(nn.Module):
             dropout_p=self.attn_dropout if self.training else 0.0,
             enable_gqa=self.n_kv_heads != self.n_heads,
         )  # [B, H, S, Dh]; softmax(q k^T / sqrt(Dh) + mask) v
-        y = rearrange(y, "b h s d -> b s (h d)")  # concatenate the heads
+        y = y.transpose(1, 2).reshape(b, s, -1)  # concatenate the heads: [B, S, H Dh]
         return self.resid_dropout(self.out(y))
 
 

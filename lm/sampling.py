@@ -37,10 +37,13 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     vocab = logits.shape[-1]
     if k >= vocab:
         return logits.clone()
-    # torch.topk finds the k-th value without a full sort; which of several equal values it returns
-    # is unspecified, so the survivors are rebuilt from the threshold: everything above it, then
-    # the lowest-id ties at it until k are kept.
-    kth = torch.topk(logits, k, dim=-1, sorted=True).values[..., -1:]
+    # The k-th largest value, found without a sort, is the threshold. Without a tie at it, the k
+    # logits >= it are the answer; with one, everything above it, then the lowest-id ties at it
+    # until k are kept.
+    kth = torch.kthvalue(logits, vocab - k + 1, dim=-1, keepdim=True).values
+    keep = logits >= kth
+    if bool((keep.sum(dim=-1) == k).all()):  # no tie at the cut (the usual case): the threshold is the answer
+        return logits.masked_fill(~keep, NEG_INF)
     above = logits > kth
     at_kth = logits == kth
     room = k - above.sum(dim=-1, keepdim=True)
@@ -92,7 +95,9 @@ def filter_logits(
     the other logits towards -inf instead of overflowing the best one to +inf (no NaN).
     """
     logits = logits.float()
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    logits = logits - logits.amax(dim=-1, keepdim=True)
+    if temperature != 1.0:  # x / 1 == x exactly: skip the pass
+        logits = logits / temperature
     if top_k is not None:
         logits = top_k_filter(logits, top_k)
     if top_p is not None and top_p < 1.0:

@@ -43,6 +43,20 @@ def test_top_k_with_many_ties_matches_a_stable_sort_reference():
         assert torch.equal(torch.isfinite(top_k_filter(logits, k)), expected)
 
 
+def test_top_k_matches_the_stable_sort_reference_with_and_without_ties_at_the_cut():
+    # Distinct logits take the threshold shortcut; a tie at the k-th value takes the tie-breaking path.
+    g = torch.Generator().manual_seed(1)
+    distinct = torch.randn(64, 1024, generator=g)
+    tied = distinct.clone()
+    tied[:, :3] = tied.topk(250, dim=-1).values[:, -1:]  # three more copies of the 250th value
+    for logits in (distinct, tied, torch.cat([distinct[:2], tied[:2]])):
+        order = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :250]
+        expected = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, True)
+        out = top_k_filter(logits, 250)
+        assert torch.equal(torch.isfinite(out), expected)
+        assert torch.equal(out[expected], logits[expected])
+
+
 def test_top_k_is_per_row_in_a_batch():
     logits = torch.tensor([[[5.0, 1.0, 2.0], [0.0, 9.0, 8.0]]])  # [1, 2, 3]
     out = top_k_filter(logits, 1)
