@@ -230,7 +230,7 @@ def parse_args(argv):
     p.add_argument("--prompt-seconds", type=float, default=3.0)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--batch-sizes", default="1,8")
-    p.add_argument("--steps", default=None, help="masked steps per level (default 16,4,2,1,1,1,1,1)")
+    p.add_argument("--steps", default=None, help="masked steps per level (default lm.masked_generate's, 8,2,1,1,1,1,1,1)")
     p.add_argument("--sweep", default="4,8,16,32", help="level-0 step counts to compare ('' for none)")
     p.add_argument("--step-lists", default="", help="whole step lists to compare, ';'-separated: '8,2;6,2,1'")
     p.add_argument("--choice-temperature", type=float, default=None,

@@ -33,8 +33,8 @@ from lm.generate import check_prompt, make_generator
 from lm.kv_cache import CrossMemory
 from lm.sampling import check_sampling_args, filter_logits, sample_next
 
-DEFAULT_STEPS = (16, 4, 2, 1, 1, 1, 1, 1)
-DEFAULT_CHOICE_TEMPERATURE = 0.0
+DEFAULT_STEPS = (8, 2, 1, 1, 1, 1, 1, 1)
+DEFAULT_CHOICE_TEMPERATURE = 4.5
 
 
 def steps_per_level(steps: Sequence[int] | str | None, n_codebooks: int) -> list[int]:
@@ -181,7 +181,7 @@ def generate_masked(model, prompt_codes: Tensor | None, max_new_frames: int, *, 
     """Continue `prompt_codes` [B, N_c, T0] (None: B = batch_size rows from nothing) by max_new_frames
     frames -> codes [B, N_c, T0 + n], the prompt copied unchanged.
 
-    steps: per level (`steps_per_level`; default 16, 4, 2, 1, ...). Sampling as lm.sampling, reproducible
+    steps: per level (`steps_per_level`; default 8, 2, 1, ...). Sampling as lm.sampling, reproducible
     with `generator` or `seed`. choice_temperature: MaskGIT's Gumbel noise on the confidence that ranks
     which codes a step keeps (annealed to 0 by each level's last step; None: DEFAULT_CHOICE_TEMPERATURE,
     0: the most confident). window: frames per model pass (default max_frames; more only for RoPE).

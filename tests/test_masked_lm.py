@@ -135,7 +135,7 @@ def test_unmask_schedule_is_the_cosine_and_fixes_everything():
 
 
 def test_steps_per_level_and_its_one_line_refusals():
-    assert steps_per_level(None, 8) == [16, 4, 2, 1, 1, 1, 1, 1]
+    assert steps_per_level(None, 8) == [8, 2, 1, 1, 1, 1, 1, 1]
     assert steps_per_level("16,4", 3) == [16, 4, 1]
     for bad, match in (("", "at least one"), ("4,0", "at least 1 step"), ("1,2,3,4", "at most 3"),
                        ("4,x", "comma-separated")):

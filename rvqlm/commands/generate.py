@@ -9,8 +9,8 @@
 
 A masked LM (`rvqlm train-masked-lm`) fills the continuation by iterative parallel decoding,
 level by level (lm.masked_generate): --steps 16,4,2,1 gives the steps of the first levels (the
-others take 1 each; default 16,4,2,1,1,1,1,1), --choice-temperature the Gumbel noise on the confidence
-that picks which sampled codes a step keeps (MaskGIT's; 0: the most confident).
+others take 1 each; default 8,2,1,1,1,1,1,1), --choice-temperature the Gumbel noise on the confidence
+that picks which sampled codes a step keeps (MaskGIT's; default 4.5; 0: the most confident).
 
 A conditioned LM reads --text (UTF-8, up to its text_max_bytes) and --speaker (a name from its
 table) with classifier-free guidance --cfg (default 3; 1 = no guidance), and stops by itself at
