@@ -79,7 +79,7 @@ def test_the_script_measures_both_families_end_to_end(setup, tmp_path, capsys, m
                        "--tokens", str(root / "tokens"), "--prompts", "2", "--timing-prompts", "2",
                        "--prompt-seconds", "0.2", "--seconds", "0.6", "--batch-sizes", "1,2", "--steps", "4,2",
                        "--sweep", "8", "--one-pass", "--ratios", "0.5,1", "--score-windows", "4", "--json", str(out),
-                       "--choice-sweep", "3", "--step-lists", "2"]) == 0
+                       "--choice-temperature", "0", "--choice-sweep", "3", "--step-lists", "2"]) == 0
     result = json.loads(out.read_text())
     speed = {(r["family"], r["batch"]): r for r in result["speed"]}
     assert set(speed) == {(f, b) for f in ("AR (KV cache)", "masked", "masked 1 pass") for b in (1, 2)}
