@@ -44,14 +44,6 @@ def _full_range_activations() -> bool:
     return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
-@functools.cache
-def _linear_dynamic():
-    """fbgemm's dynamic int8 linear, called without the op packet's per-call Python argument checks
-    (they look for fake script objects, which only tracing passes)."""
-    op = torch.ops.quantized.linear_dynamic.default
-    return getattr(op, "_op", op)
-
-
 class Int8Linear(nn.Module):
     """y = x (q * scale)^T + b with q [N, K] int8 and scale [N] float32 (buffers `weight`, `weight_scale`).
 
@@ -108,13 +100,13 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Int8Linear expects [..., {self.in_features}] inputs, got {tuple(x.shape)}")
-        if self._packed is None and self.weight.device.type == "cpu" and fbgemm_available():
-            self._packed = self._pack()
-        if self._packed is None:
-            return F.linear(x.float(), self.dequantized(), self.bias)
-        flat = x.reshape(-1, self.in_features).float().contiguous()
-        y = _linear_dynamic()(flat, self._packed, not _full_range_activations())
-        return y.view(*x.shape[:-1], self.out_features)
+        if self.weight.device.type == "cpu" and fbgemm_available():
+            if self._packed is None:
+                self._packed = self._pack()
+            flat = x.reshape(-1, self.in_features).float().contiguous()
+            y = torch.ops.quantized.linear_dynamic(flat, self._packed, not _full_range_activations())
+            return y.reshape(*x.shape[:-1], self.out_features)
+        return F.linear(x.float(), self.dequantized(), self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
