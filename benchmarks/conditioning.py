@@ -1,20 +1,21 @@
 """Does a conditioned LM read its text and speaker? Issue 20's four measurements on a held-out split.
 
     .venv/bin/python benchmarks/conditioning.py --lm DIR --codec DIR --tokens DIR [--corpus DIR]
-        [--split test] [--max-files 16] [--cfg 1 2 3 5] [--voices font_small font_big] [--seed 0]
-        [--max-seconds 12] [--threads 1] [--json FILE]
+        [--split test] [--gain-files 0] [--head-seconds 1] [--max-files 16] [--cfg 1 2 3 5]
+        [--voices font_small font_big] [--seed 0] [--max-seconds 12] [--threads 1] [--json FILE]
 
 --tokens: the corpus tokenized with the codec (`rvqlm tokenize`; its manifest carries each file's
 text and speaker); --corpus: the audio folder it came from (the real recordings). Needs librosa
 (pYIN) and speechmos (DNSMOS): `make bench-setup`. Standard errors (se) are across files.
 
-1. Conditioning gain. Up to --max-files files of the split that have a text (evenly spread), each
+1. Conditioning gain. Every file of the split that has a text (or --gain-files, evenly spread), each
    scored (NLL in nats per code token, all codebooks and per codebook; end-of-audio targets left
    out) with its true text and speaker, with the texts shuffled between files (a cyclic shift over
    a random order, so no file keeps its own), with the speakers swapped (the two --voices
    exchanged, any other speaker replaced by a random other one of the model's table), and with
    null conditions. Each file's NLL is its windows' (context-length windows, text on the first as
-   in training); the table gives the paired difference to the true condition and its se.
+   in training); the table gives the paired difference to the true condition and its se, over whole
+   files and over their first --head-seconds (where the audio has not yet shown who speaks).
 2. Voice. Up to --max-files lines spoken by the two --voices (half each, evenly spread), each
    generated from its text alone (no audio prompt, plain sampling, seeded) in each voice at every
    --cfg scale and decoded by the codec; pYIN median F0 of each clip (rvqlm.metrics.pitch_track)
@@ -92,16 +93,17 @@ def swapped(speakers: list[str], voices: tuple[str, str], table: list[str], rng:
 
 
 @torch.inference_mode()
-def nll_by_file(model, shards, entries: list[int], texts: list[str], speakers: list[str], batch_size: int = 8
-                ) -> tuple[np.ndarray, np.ndarray]:
+def nll_by_file(model, shards, entries: list[int], texts: list[str], speakers: list[str], batch_size: int = 8,
+                head_frames: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Summed code NLL and target counts per file and codebook ([F, N_c] each) of the files `entries`
-    under the given conditions (one text and speaker per file; the text on each file's first window)."""
+    under the given conditions (one text and speaker per file; the text on each file's first window),
+    then the same two over each file's first `head_frames` frames only."""
     cfg = model.cfg
     window = cfg.max_frames
     spans = [(f, start, min(window, shards.entries[e].n_frames - start))
              for f, e in enumerate(entries) for start in range(0, shards.entries[e].n_frames, window)]
-    nll = np.zeros((len(entries), cfg.n_codebooks))
-    count = np.zeros((len(entries), cfg.n_codebooks))
+    nll, count, head_nll, head_count = (np.zeros((len(entries), cfg.n_codebooks)) for _ in range(4))
+    delays = torch.tensor(model.pattern.delays(), device=model.device)[:, None]
     for i in range(0, len(spans), batch_size):
         chunk = spans[i:i + batch_size]
         codes = torch.zeros(len(chunk), cfg.n_codebooks, max(n for _, _, n in chunk), dtype=torch.long)
@@ -113,15 +115,21 @@ def nll_by_file(model, shards, entries: list[int], texts: list[str], speakers: l
         condition = model.condition_inputs([texts[f] if start == 0 and texts[f] else None for f, start, _ in chunk],
                                            [speakers[f] or None for f, _, _ in chunk], len(chunk))
         out, valid = model.token_nll(codes.to(model.device), mask.to(model.device), condition)
-        for row, (f, _, _) in enumerate(chunk):
+        steps = torch.arange(out.shape[-1], device=out.device)[None, :]
+        for row, (f, start, _) in enumerate(chunk):
             nll[f] += out[row].sum(dim=-1).double().cpu().numpy()
             count[f] += valid[row].sum(dim=-1).cpu().numpy()
-    return nll, count
+            in_head = steps < max(head_frames - start, 0) + delays  # [N_c, S]: the step of frame t of k is t + delay
+            head_nll[f] += (out[row] * in_head).sum(dim=-1).double().cpu().numpy()
+            head_count[f] += (valid[row] & in_head).sum(dim=-1).cpu().numpy()
+    return nll, count, head_nll, head_count
 
 
-def conditioning_gain(model, shards, files, voices: tuple[str, str], n: int, seed: int) -> dict:
-    """Measurement 1 over up to n files of `files` (a TokenFiles) that have a text."""
-    keep = evenly([i for i, t in enumerate(files.texts) if t], n)
+def conditioning_gain(model, shards, files, voices: tuple[str, str], n: int, seed: int, head_frames: int) -> dict:
+    """Measurement 1 over up to n files (0: all) of `files` (a TokenFiles) that have a text, over whole
+    files and over their first `head_frames` frames."""
+    with_text = [i for i, t in enumerate(files.texts) if t]
+    keep = evenly(with_text, n) if n > 0 else with_text
     if len(keep) < 2:
         raise ValueError(f"the split has {len(keep)} file(s) with a text; the conditioning gain needs at least 2")
     rng = np.random.default_rng(seed)
@@ -132,17 +140,21 @@ def conditioning_gain(model, shards, files, voices: tuple[str, str], n: int, see
     entries = [files.entry_indices[i] for i in keep]
     per_file = {}
     for name, (t, s) in variants.items():
-        nll, count = nll_by_file(model, shards, entries, t, s)
-        per_file[name] = {"all": nll.sum(1) / count.sum(1), "codebook": nll / np.maximum(count, 1)}
+        nll, count, head_nll, head_count = nll_by_file(model, shards, entries, t, s, head_frames=head_frames)
+        per_file[name] = {"all": nll.sum(1) / count.sum(1), "codebook": nll / np.maximum(count, 1),
+                          "head": head_nll.sum(1) / head_count.sum(1)}
     rows = {}
     for name in VARIANTS:
         mean, se, _ = mean_se(per_file[name]["all"])
         diff, diff_se, _ = mean_se(per_file[name]["all"] - per_file["true"]["all"])
+        head, head_se, _ = mean_se(per_file[name]["head"] - per_file["true"]["head"])
         rows[name] = {"nll": mean, "se": se, "minus_true": diff, "minus_true_se": diff_se,
                       "z": diff / diff_se if diff_se > 0 else float("nan"),
-                      "per_codebook": per_file[name]["codebook"].mean(0).tolist()}
+                      "per_codebook": per_file[name]["codebook"].mean(0).tolist(),
+                      "head_minus_true": head, "head_minus_true_se": head_se,
+                      "head_z": head / head_se if head_se > 0 else float("nan")}
     unchanged = sum(a == b for a, b in zip(texts, variants["texts shuffled"][0]))
-    return {"files": len(keep), "rows": rows, "shuffled_texts_unchanged": unchanged}
+    return {"files": len(keep), "head_frames": head_frames, "rows": rows, "shuffled_texts_unchanged": unchanged}
 
 
 # ---- 2-4. generation -------------------------------------------------------------------------------
@@ -279,7 +291,8 @@ def run(args) -> dict:
     model, codec, shards = load_pair(args)
     files = TokenFiles.of_split(args.tokens, args.split, shards=shards)
     voices = tuple(args.voices)
-    gain = conditioning_gain(model, shards, files, voices, args.max_files, args.seed)
+    gain = conditioning_gain(model, shards, files, voices, args.gain_files, args.seed,
+                             head_frames=round(args.head_seconds * codec.frame_rate))
     lines = pick_lines(files, voices, args.max_files)
     real = real_clips(codec, shards, files, lines, args.corpus)
     max_frames = min(int(args.max_seconds * codec.frame_rate), max(int(2 * max(real["seconds"]) * codec.frame_rate), 50))
@@ -297,11 +310,12 @@ def run(args) -> dict:
 
 def report_lines(result: dict, voices: tuple[str, str]) -> list[str]:
     gain = result["gain"]
-    out = [f"1. conditioning gain, NLL nats/token over {gain['files']} files (se across files)",
-           f"   {'condition':<18} {'NLL':>7} {'se':>6} {'- true':>7} {'se':>6} {'z':>6}"]
+    out = [f"1. conditioning gain, NLL nats/token over {gain['files']} files (se across files); whole files, "
+           f"then their first {gain['head_frames']} frames",
+           f"   {'condition':<18} {'NLL':>7} {'se':>6}" + f" {'- true':>7} {'se':>6} {'z':>6}" * 2]
     for name, r in gain["rows"].items():
         out.append(f"   {name:<18} {r['nll']:7.3f} {r['se']:6.3f} {r['minus_true']:7.3f} {r['minus_true_se']:6.3f} "
-                   f"{r['z']:6.1f}")
+                   f"{r['z']:6.1f} {r['head_minus_true']:7.3f} {r['head_minus_true_se']:6.3f} {r['head_z']:6.1f}")
     out.append(f"2-4. {len(result['lines'])} lines generated in each voice ({' / '.join(voices)}), at most "
                f"{result['max_generated_seconds']:.1f} s")
     head = (f"   {'cfg':>4} " + " ".join(f"{v[:11] + ' st':>14}" for v in voices)
@@ -328,7 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", required=True, help="the corpus tokenized with that codec (texts and speakers inside)")
     p.add_argument("--corpus", default="data/fillets-cs-16k", help="the audio folder the tokens came from")
     p.add_argument("--split", default="test", choices=("train", "valid", "test"))
-    p.add_argument("--max-files", type=int, default=16, help="files scored and lines generated (default 16)")
+    p.add_argument("--gain-files", type=int, default=0, help="files scored for the conditioning gain (0: all, "
+                   "the default)")
+    p.add_argument("--head-seconds", type=float, default=1.0, help="the gain is also given over each file's "
+                   "first this many seconds, where the audio has not yet shown who speaks (default 1)")
+    p.add_argument("--max-files", type=int, default=16, help="lines generated (default 16)")
     p.add_argument("--cfg", type=float, nargs="+", default=[1.0, 2.0, 3.0, 5.0], help="guidance scales")
     p.add_argument("--voices", nargs=2, default=["font_small", "font_big"], help="the two speakers compared")
     p.add_argument("--max-seconds", type=float, default=12.0, help="longest generation (default 12 s)")

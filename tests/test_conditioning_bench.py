@@ -79,15 +79,18 @@ def test_nll_by_file_is_the_models_loss_with_the_text_on_the_first_window_only(s
     root, _, model, shards = setup
     entries = [i for i, e in enumerate(shards.entries) if e.path.startswith("test/")]
     texts, speakers = TEXTS[:len(entries)], ["font_small"] * len(entries)
-    nll, count = bench.nll_by_file(model, shards, entries, texts, speakers, batch_size=3)
+    nll, count, head_nll, head_count = bench.nll_by_file(model, shards, entries, texts, speakers, batch_size=3,
+                                                         head_frames=38)
     for f, e in enumerate(entries):
         codes = torch.from_numpy(np.asarray(shards.read(shards.entries[e]), dtype=np.int64)).T[None]
         windows = [codes[..., s:s + 38] for s in range(0, codes.shape[-1], 38)]  # max_frames = 40 - 3 + 1
-        want = sum(model.log_likelihood(w, condition=model.condition_inputs(texts[f] if s == 0 else None,
-                                                                            "font_small", 1)).item()
-                   for s, w in enumerate(windows))
-        assert nll[f].sum() == pytest.approx(want, rel=1e-5)
+        want = [model.log_likelihood(w, condition=model.condition_inputs(texts[f] if s == 0 else None,
+                                                                         "font_small", 1)).item()
+                for s, w in enumerate(windows)]
+        assert nll[f].sum() == pytest.approx(sum(want), rel=1e-5)
         assert count[f].sum() == 3 * codes.shape[-1]
+        assert head_nll[f].sum() == pytest.approx(want[0], rel=1e-5)  # the first 38 frames: the first window
+        assert head_count[f].sum() == 3 * min(38, codes.shape[-1])
     assert shards.entries[entries[-1]].n_frames > 38  # a file of two windows was among them
 
 
@@ -96,13 +99,16 @@ def test_the_benchmark_runs_end_to_end_and_reads_the_real_voices(setup, monkeypa
     monkeypatch.setattr("rvqlm.metrics.dnsmos", lambda wav, sr: {"dnsmos_ovrl": 1.0 + float(np.abs(wav).mean())})
     out = root / "result.json"
     args = ["--lm", str(root / "lm"), "--codec", str(root / "codec"), "--tokens", str(root / "tokens"),
-            "--corpus", str(root / "corpus"), "--max-files", "4", "--cfg", "1", "3", "--max-seconds", "0.4"]
+            "--corpus", str(root / "corpus"), "--max-files", "4", "--cfg", "1", "3", "--max-seconds", "0.4",
+            "--head-seconds", "0.5"]
     assert bench.main(args + ["--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "1. conditioning gain" in printed and "speakers swapped" in printed and "real: voice distance 11.9" in printed
     result = json.loads(out.read_text())
     gain = result["gain"]
-    assert gain["files"] == 4 and set(gain["rows"]) == set(bench.VARIANTS)
+    assert gain["files"] == 6 and set(gain["rows"]) == set(bench.VARIANTS)  # every test file: --gain-files 0
+    assert gain["head_frames"] == 25  # 0.5 s at 50 frames/s
+    assert gain["rows"]["null"]["head_minus_true"] != 0 and gain["rows"]["true"]["head_minus_true"] == 0
     assert gain["rows"]["true"]["minus_true"] == 0 and gain["rows"]["null"]["minus_true"] != 0
     assert all(len(r["per_codebook"]) == 3 for r in gain["rows"].values())
     assert len(result["lines"]) == 4 and set(result["sweep"]) == {"1", "3"}
