@@ -10,11 +10,11 @@ frames are never changed, and levels finer than q stay masked until their turn, 
 MaskGIT's choice temperature tau ranks by confidence + tau (1 - (i + 1) / S_q) g, g Gumbel noise
 from the same generator (zero at a level's last step; tau = 0 draws nothing: plain confidence).
 
-A continuation longer than one window (LMConfig.max_frames, or `window` frames) is made in chunks:
+A RoPE model decodes a clip of up to ONE_PASS_STRETCH x its context in one window by default (at
+distances it was never trained on: fewer calls, and better speech as measured); a longer clip, or
+any clip of a model with other positions, is made in chunks of its context (or of `window` frames):
 each later chunk sees the last `context` frames made so far as its prompt and fills the rest of its
-window, so the number of sequential model calls is chunks x sum(S_q). A RoPE model may be given a
-window longer than its context (one chunk for a longer clip: fewer calls, at distances it was
-never trained on).
+window, so the number of sequential model calls is chunks x sum(S_q).
 
 A conditioned masked LM reads a text and a speaker with classifier-free guidance (lm.guidance's
 rule: uncond + s (cond - uncond), both halves in one batched pass).
@@ -35,6 +35,7 @@ from lm.sampling import check_sampling_args, filter_logits, sample_next
 
 DEFAULT_STEPS = (8, 2, 1, 1, 1, 1, 1, 1)
 DEFAULT_CHOICE_TEMPERATURE = 4.5
+ONE_PASS_STRETCH = 2.1  # the longest one-pass window measured: 3 s + 10 s = 650 frames over a 313-frame context
 
 
 def steps_per_level(steps: Sequence[int] | str | None, n_codebooks: int) -> list[int]:
@@ -175,16 +176,17 @@ def check_choice_temperature(tau) -> float:
 def generate_masked(model, prompt_codes: Tensor | None, max_new_frames: int, *, steps=None,
                     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                     greedy: bool = False, generator: torch.Generator | None = None, seed: int | None = None,
-                    choice_temperature: float | None = None, batch_size: int = 1, context: int | None = None, window: int | None = None, text=None,
-                    speaker=None, cfg_scale: float | None = None, progress: bool = False,
-                    on_step=None) -> Tensor:
+                    choice_temperature: float | None = None, batch_size: int = 1, context: int | None = None,
+                    window: int | None = None, text=None, speaker=None, cfg_scale: float | None = None,
+                    progress: bool = False, on_step=None) -> Tensor:
     """Continue `prompt_codes` [B, N_c, T0] (None: B = batch_size rows from nothing) by max_new_frames
     frames -> codes [B, N_c, T0 + n], the prompt copied unchanged.
 
     steps: per level (`steps_per_level`; default 8, 2, 1, ...). Sampling as lm.sampling, reproducible
     with `generator` or `seed`. choice_temperature: MaskGIT's Gumbel noise on the confidence that ranks
     which codes a step keeps (annealed to 0 by each level's last step; None: DEFAULT_CHOICE_TEMPERATURE,
-    0: the most confident). window: frames per model pass (default max_frames; more only for RoPE).
+    0: the most confident). window: frames per model pass (default `default_window`; past max_frames
+only for RoPE).
     context: frames of the past a later chunk sees (default half a window).
     text, speaker, cfg_scale: a conditioned masked LM's (as lm.generate). on_step: called with each
     MaskedStep. progress: a tqdm bar over the model calls."""
@@ -197,11 +199,11 @@ def generate_masked(model, prompt_codes: Tensor | None, max_new_frames: int, *, 
     check_prompt(model, prompt_codes)
     if isinstance(max_new_frames, bool) or not isinstance(max_new_frames, int) or max_new_frames < 0:
         raise ValueError(f"max_new_frames must be an integer >= 0, got {max_new_frames!r}")
-    window = _window(cfg, window)
+    b, _, t0 = prompt_codes.shape
+    window = _window(cfg, window, t0 + max_new_frames)
     context = window // 2 if context is None else context
     if not 0 <= context < window:
         raise ValueError(f"context must be in 0..{window - 1} frames (the window is {window}), got {context}")
-    b, _, t0 = prompt_codes.shape
     codes = torch.zeros(b, cfg.n_codebooks, t0 + max_new_frames, dtype=torch.long, device=device)
     codes[..., :t0] = prompt_codes.to(device)
     generator = generator if generator is not None else make_generator(seed, device)
@@ -225,10 +227,18 @@ def generate_masked(model, prompt_codes: Tensor | None, max_new_frames: int, *, 
     return codes
 
 
-def _window(cfg, window: int | None) -> int:
-    """Frames per pass: max_frames by default; past it only with RoPE (ValueError naming the limit)."""
+def default_window(cfg, total_frames: int) -> int:
+    """Frames per pass when none is given: the whole clip (prompt + continuation) for a RoPE model when
+    it is at most ONE_PASS_STRETCH x max_frames, else max_frames."""
+    if cfg.pos == "rope" and total_frames <= int(ONE_PASS_STRETCH * cfg.max_frames):
+        return max(total_frames, cfg.max_frames)
+    return cfg.max_frames
+
+
+def _window(cfg, window: int | None, total_frames: int) -> int:
+    """Frames per pass: `default_window` when None; past max_frames only with RoPE (ValueError naming the limit)."""
     if window is None:
-        return cfg.max_frames
+        return default_window(cfg, total_frames)
     if isinstance(window, bool) or not isinstance(window, int) or window < 2:
         raise ValueError(f"window must be an integer >= 2 frames, got {window!r}")
     if window > cfg.max_frames and cfg.pos != "rope":

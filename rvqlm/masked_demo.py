@@ -54,7 +54,7 @@ def masked_continuations(codec, lm_dir: str | Path, prompts: list[Path], prompt_
     written under `out` (audio/masked-promptI-*.wav); `say` gets the hint when the section is left out."""
     from codec.audio import load_audio
     from lm.families import load_lm
-    from lm.masked_generate import model_calls, steps_per_level
+    from lm.masked_generate import default_window, model_calls, steps_per_level
 
     why_not = masked_lm_hint(lm_dir, codec) if prompts else f"“{TITLE}” left out (no prompts)."
     if why_not is not None:
@@ -64,7 +64,7 @@ def masked_continuations(codec, lm_dir: str | Path, prompts: list[Path], prompt_
     level_steps = steps_per_level(steps, model.cfg.n_codebooks)
     n_prompt = int(prompt_seconds * codec.frame_rate)
     n_new = int(seconds * codec.frame_rate)
-    calls = model_calls(n_prompt, n_new, model.cfg.max_frames, level_steps)
+    calls = model_calls(n_prompt, n_new, default_window(model.cfg, n_prompt + n_new), level_steps)
     done = MaskedSection(f"The same prompts continued by {Path(lm_dir).name}, a masked LM filling the "
                          f"{seconds:g} s in parallel steps ({','.join(map(str, level_steps))} per level, "
                          f"{calls} model calls in all, against one a frame for the AR LM), same sampling.")

@@ -52,7 +52,7 @@ def test_call_counts_are_what_the_decoders_make(setup):
         del ar.forward
     assert len(calls) == bench.ar_calls(ar, 5, 30) == 30 + 1  # one per frame, and the delay pattern's tail
     steps = []
-    generate_masked(masked, torch.zeros(1, 2, 5, dtype=torch.long), 30, steps=[3, 2], on_step=steps.append)
+    generate_masked(masked, torch.zeros(1, 2, 5, dtype=torch.long), 30, steps=[3, 2], window=24, on_step=steps.append)
     assert len(steps) == model_calls(5, 30, 24, [3, 2]) == 2 * 5  # two 24-frame chunks x (3 + 2) steps
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lm import LMConfig, MaskedLM, MultiCodebookLM, load_lm
-from lm.masked_generate import generate_masked, model_calls, steps_per_level, unmask_schedule
+from lm.masked_generate import default_window, generate_masked, model_calls, steps_per_level, unmask_schedule
 from lm.masked_model import draw_masking
 
 NC, V = 3, 16
@@ -148,7 +148,7 @@ def test_decoding_follows_the_schedule_fills_every_code_and_keeps_the_prompt(new
     model = tiny_masked()
     prompt = codes_of(b=2, t=5)
     steps = []
-    out = generate_masked(model, prompt, new, steps=[4, 2], seed=0, top_k=8, on_step=steps.append)
+    out = generate_masked(model, prompt, new, steps=[4, 2], seed=0, top_k=8, window=24, on_step=steps.append)
     assert out.shape == (2, NC, 5 + new)
     assert torch.equal(out[..., :5], prompt)
     assert ((out >= 0) & (out < V)).all()
@@ -180,6 +180,17 @@ def test_a_stretched_window_decodes_a_long_clip_in_one_chunk_as_a_longer_context
         generate_masked(learned, prompt, 40, window=45)
     with pytest.raises(ValueError, match="exceed the masked LM's context"):
         model(codes_of(b=1, t=30))
+
+
+def test_by_default_a_rope_model_decodes_a_clip_of_up_to_2_1_contexts_in_one_pass_and_longer_ones_in_chunks():
+    model, learned = tiny_masked(), tiny_masked(pos="learned")  # contexts of 24 frames: one pass up to 50
+    prompt = codes_of(b=1, t=5)
+    for m, new, window in ((model, 45, 50), (model, 46, 24), (learned, 45, 24), (model, 10, 24)):
+        steps = []
+        out = generate_masked(m, prompt, new, steps=[2, 1], seed=3, on_step=steps.append)
+        assert default_window(m.cfg, 5 + new) == window
+        assert len(steps) == model_calls(5, new, window, [2, 1, 1])
+        assert torch.equal(out, generate_masked(m, prompt, new, steps=[2, 1], seed=3, window=window))
 
 
 def test_same_seed_same_codes_and_batch_rows_are_independent():

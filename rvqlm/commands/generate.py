@@ -66,8 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a masked LM: Gumbel noise x TAU on the confidence that ranks which codes a step keeps, "
                         "annealed to 0 by each level's last step (default: lm.masked_generate's; 0: most confident)")
     p.add_argument("--window", type=int, default=None, metavar="FRAMES",
-                   help="a masked LM: frames per model pass (default its context; a RoPE model may take more, "
-                        "e.g. prompt + continuation in one pass, at distances it was not trained on)")
+                   help="a masked LM: frames per model pass (default: a RoPE model's whole clip in one pass up to "
+                        "2.1x its context, else its context; lm.masked_generate.default_window)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix every step (slow; a check)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--stream", action="store_true",
