@@ -35,7 +35,7 @@ from lm.sampling import check_sampling_args, filter_logits, sample_next
 
 DEFAULT_STEPS = (8, 2, 1, 1, 1, 1, 1, 1)
 DEFAULT_CHOICE_TEMPERATURE = 4.5
-ONE_PASS_STRETCH = 2.1  # the longest one-pass window measured: 3 s + 10 s = 650 frames over a 313-frame context
+ONE_PASS_STRETCH = 2.1  # the longest one-pass window measured: 3 s + 10 s = 650 frames over a 320-frame context
 
 
 def steps_per_level(steps: Sequence[int] | str | None, n_codebooks: int) -> list[int]:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Retrains the two shipped models (models/codec-speech-16k, models/lm-speech-16k) with their recipes,
+# Retrains the shipped models (models/codec-speech-16k, models/lm-speech-16k, models/lm-masked-speech-16k)
+# with their recipes,
 # on the built-in corpus, on this machine's CPU: hours on 2 cores. The codec's seven stages
 # (docs/experiments.md), each from the previous one's export:
 #   CODEC_STEPS  stage 1, recipes/codec_speech_istft.yaml (the shipped codec: 17000)
@@ -13,8 +14,8 @@
 #   LM_STEPS     LM stage-1 steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
 #   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; the shipped LM:
 #                300; 0: none)
-#   MASKED_STEPS the masked LM (recipes/lm_masked_speech.yaml, from the shipped AR LM; 0: none, the
-#                default; models/lm-masked-speech-16k when set)
+#   MASKED_STEPS the masked LM (recipes/lm_masked_speech.yaml, from the shipped AR LM: 1000, the
+#                default; 0: none)
 # Training is reproducible up to float non-determinism across thread counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,7 @@ CODEC_STEPS2=${CODEC_STEPS2:-2500}
 CODEC_STEPS3=${CODEC_STEPS3:-5000}
 LM_STEPS=${LM_STEPS:?set LM_STEPS}
 LM_STEPS2=${LM_STEPS2:-0}
-MASKED_STEPS=${MASKED_STEPS:-0}
+MASKED_STEPS=${MASKED_STEPS:-1000}
 RVQLM=.venv/bin/rvqlm
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 

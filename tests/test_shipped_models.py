@@ -68,3 +68,20 @@ def test_the_shipped_lm_predicts_held_out_speech_tokens_better_than_chance(codec
 def test_the_codec_cards_benchmark_files_are_this_codec(codec, name):
     result = json.loads((MODELS / "codec-speech-16k" / name).read_text())
     assert result["codec_fingerprint"] == codec.fingerprint() and result["split"] == "test"
+
+
+def test_the_shipped_masked_lm_fills_held_out_speech_better_than_chance(codec, lm, speech_files):
+    """The masked LM models the shipped codec's tokens (its card names them), is the AR LM's shape, and
+    predicts hidden codes of a held-out file better than uniform guessing."""
+    from lm import MaskedLM, load_lm
+
+    masked = load_lm(MODELS / "lm-masked-speech-16k").eval()
+    assert isinstance(masked, MaskedLM) and masked.cfg.codec_fingerprint == codec.token_fingerprint()
+    assert (masked.cfg.d_model, masked.cfg.n_layers, masked.cfg.max_seq_len) == (lm.cfg.d_model, lm.cfg.n_layers,
+                                                                                 lm.cfg.max_seq_len)
+    assert codec.token_fingerprint()[:12] in (MODELS / "lm-masked-speech-16k" / "MODEL_CARD.md").read_text()
+    wav = load_audio(speech_files["test"][0], codec.sample_rate, codec.channels)[None]
+    codes = codec.encode(wav)[..., : masked.cfg.max_frames]
+    with torch.no_grad():  # level 0, half its frames hidden, the finer levels hidden: 4.9 nats on the card
+        out = masked.loss(codes, generator=torch.Generator().manual_seed(0), level=0, ratio=0.5, prefix_prob=0.0)
+    assert out.count[0] > 0 and out.loss < math.log(codec.codebook_size) - 1.0  # uniform: 6.93 nats
