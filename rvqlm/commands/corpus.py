@@ -16,7 +16,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="prepare the voices corpus instead (other speakers and languages, Debian's "
                            "asterisk-core-sounds-*-g722 and hedgewars-data's voice packs; `make voices` installs them) "
                            "into data/voices-16k")
-    prep.add_argument("--out", default=None, help="output folder (default data/fillets-cs-16k, or data/voices-16k)")
+    prep.add_argument("--synthetic", action="store_true",
+                      help="also prepare the built-in corpus plus its train and valid lines spoken by six espeak-ng "
+                           "voices (rvqlm/synthetic.py; volume for a conditioned LM, never for measuring quality) "
+                           "into data/fillets-synth-cs-16k")
+    prep.add_argument("--out", default=None, help="output folder (default data/fillets-cs-16k, data/voices-16k or "
+                                                  "data/fillets-synth-cs-16k)")
     prep.add_argument("--sample-rate", type=int, default=16000)
     prep.add_argument("--max-files-per-split", type=int, default=None, help="a quick subset")
     prep.set_defaults(func=run_prepare)
@@ -35,8 +40,16 @@ def run_prepare(args: argparse.Namespace) -> int:
     from rvqlm.corpus import DEFAULT_CORPUS_DIR, prepare_corpus
     from rvqlm.voices import DEFAULT_VOICES_DIR, prepare_voices
 
+    if args.voices and args.synthetic:
+        raise ValueError("--voices and --synthetic prepare different corpora: give one")
     if args.voices:
         out = prepare_voices(args.out or DEFAULT_VOICES_DIR, args.sample_rate, max_files_per_split=args.max_files_per_split)
+    elif args.synthetic:
+        from rvqlm.synthetic import DEFAULT_SYNTHETIC_DIR, prepare_synthetic
+
+        source = prepare_corpus(DEFAULT_CORPUS_DIR, args.sample_rate, max_files_per_split=args.max_files_per_split,
+                                log=print)
+        out = prepare_synthetic(args.out or DEFAULT_SYNTHETIC_DIR, source)
     else:  # also writes metadata.jsonl (text and speaker of each file) and prints how many files have a line
         out = prepare_corpus(args.out or DEFAULT_CORPUS_DIR, args.sample_rate,
                              max_files_per_split=args.max_files_per_split, log=print)
