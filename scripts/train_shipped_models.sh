@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Retrains the shipped models (models/codec-speech-16k, models/lm-speech-16k, models/lm-masked-speech-16k)
-# with their recipes,
+# Retrains the shipped models (models/codec-speech-16k, models/lm-speech-16k, models/lm-masked-speech-16k,
+# models/lm-speech-conditioned-16k) with their recipes,
 # on the built-in corpus, on this machine's CPU: hours on 2 cores. The codec's seven stages
 # (docs/experiments.md), each from the previous one's export:
 #   CODEC_STEPS  stage 1, recipes/codec_speech_istft.yaml (the shipped codec: 17000)
@@ -16,6 +16,8 @@
 #                300; 0: none)
 #   MASKED_STEPS the masked LM (recipes/lm_masked_speech.yaml, from the shipped AR LM: 1000, the
 #                default; 0: none)
+#   COND_STEPS   the text- and speaker-conditioned LM (recipes/lm_speech_conditioned.yaml, from the shipped
+#                AR LM, on the corpus plus its espeak-ng voices: 1800, the default; 0: none)
 # Training is reproducible up to float non-determinism across thread counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +27,7 @@ CODEC_STEPS3=${CODEC_STEPS3:-5000}
 LM_STEPS=${LM_STEPS:?set LM_STEPS}
 LM_STEPS2=${LM_STEPS2:-0}
 MASKED_STEPS=${MASKED_STEPS:-1000}
+COND_STEPS=${COND_STEPS:-1800}
 RVQLM=.venv/bin/rvqlm
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
@@ -96,4 +99,15 @@ if [ "$MASKED_STEPS" -gt 0 ]; then
   mkdir -p models/lm-masked-speech-16k
   cp runs/shipped-masked-lm/config.json runs/shipped-masked-lm/model.safetensors models/lm-masked-speech-16k/
   $RVQLM eval-lm --lm models/lm-masked-speech-16k --tokens "$tokens" --split valid
+fi
+if [ "$COND_STEPS" -gt 0 ]; then
+  $RVQLM corpus prepare --synthetic
+  synth_tokens=data/tokens/fillets-synth-cs-16k-$fp
+  $RVQLM tokenize data/fillets-synth-cs-16k "$synth_tokens" --codec models/codec-speech-16k
+  OMP_NUM_THREADS=2 $RVQLM train-lm --config recipes/lm_speech.yaml --config recipes/lm_speech_conditioned.yaml \
+      --data.tokens_dir "$synth_tokens" --trainer.max_steps "$COND_STEPS" --model.total_steps "$COND_STEPS"
+  rm -rf runs/shipped-conditioned-lm
+  $RVQLM export-lm runs/lm_speech_conditioned/pretrained runs/shipped-conditioned-lm --dtype float16
+  mkdir -p models/lm-speech-conditioned-16k
+  cp runs/shipped-conditioned-lm/config.json runs/shipped-conditioned-lm/model.safetensors models/lm-speech-conditioned-16k/
 fi

@@ -277,9 +277,10 @@ def test_corpus_subset_links_the_first_files_of_each_split_and_refuses_another(c
 def test_without_a_conditioned_lm_the_say_it_section_is_one_line_saying_how_to_get_it(demo):
     samples, work = demo
     page = (samples / "index.html").read_text()
-    hint = (f"“Say it” left out: no conditioned LM at {work.parent / 'no-conditioned-lm'}; train one on this "
-            "codec's tokens with `rvqlm train-lm --config recipes/lm_speech.yaml --config "
-            "recipes/lm_speech_conditioned.yaml` and give its pretrained/ folder with --conditioned-lm.")
+    hint = (f"“Say it” left out: no conditioned LM at {work.parent / 'no-conditioned-lm'}; tokenize the folder of "
+            "`rvqlm corpus prepare --synthetic` with this codec, train one with `rvqlm train-lm --config "
+            "recipes/lm_speech.yaml --config recipes/lm_speech_conditioned.yaml` and give its pretrained/ folder "
+            "with --conditioned-lm.")
     assert f"<h2>Say it</h2><p>{html.escape(hint)}</p>" in page
     assert SAY_IT_TABLE not in json.loads((samples / "metrics.json").read_text())
 
@@ -298,7 +299,7 @@ def test_say_it_is_left_out_for_an_lm_that_does_not_fit(tmp_path):
         said = []
         done = say_it_clips(codec, lm, "unused", 4, tmp_path / "out", say=said.append)
         assert done.rows == [] and done.table == [] and said == [done.description]
-        assert done.description.startswith(f"“Say it” left out: {lm} {why}; train one"), done.description
+        assert done.description.startswith(f"“Say it” left out: {lm} {why}; tokenize the"), done.description
     assert say_it_clips(codec, "unused", "unused", 0, tmp_path / "out", say=said.append).description == \
         "“Say it” left out (0 lines asked for)."
     assert not (tmp_path / "out").exists()
