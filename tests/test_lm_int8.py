@@ -15,7 +15,7 @@ from safetensors import safe_open
 from lm import LMConfig, MultiCodebookLM
 from lm.int8 import is_int8, to_int8
 from lm.training import LMTrainingModule
-from rvqlm_core.int8_linear import Int8Linear, fbgemm_available
+from rvqlm_core.int8_linear import Int8Linear, _full_range_activations, fbgemm_available
 from rvqlm_core.weight_dtype import INT8_SCALE_SUFFIX, dequantize_rows, quantize_rows
 
 
@@ -85,7 +85,8 @@ def test_int8_linear_error_is_within_the_quantization_bound(kernel, monkeypatch)
 def test_int8_lm_gives_the_float_lms_greedy_tokens_and_close_logits():
     """Stated tolerance: on a prompt, the int8 LM's logits differ from float32's by at most 3% of their
     spread (std) on average and 20% at worst, and its greedy next token (argmax) is the same at >= 90% of
-    positions. (The shipped LM on held-out speech: 0.5% mean, 9% max, 97% same; docs/lm.md.)"""
+    positions. (The shipped LM on held-out speech: 0.5% mean, 9% max, 97% same; docs/lm.md.) fbgemm
+    without VNNI quantizes inputs to 7 bits (reduce_range): twice the step, twice the tolerance."""
     model = random_lm()
     prompt = torch.randint(0, 32, (2, 3, 40), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -94,7 +95,7 @@ def test_int8_lm_gives_the_float_lms_greedy_tokens_and_close_logits():
         got = int8(prompt)
     assert is_int8(int8) and not is_int8(model)
     diff = (got - ref).abs()
-    spread = ref.std()
+    spread = ref.std() * (1 if not fbgemm_available() or _full_range_activations() else 2)
     assert diff.mean() <= 0.03 * spread and diff.max() <= 0.2 * spread, (diff.mean() / spread, diff.max() / spread)
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
     cached = int8.generate(prompt[..., :20], 6, greedy=True)  # the cache path runs the same int8 layers
