@@ -175,7 +175,8 @@ class ConditionEncoder(nn.Module):
         key_mask = mask[:, None, None, :]  # every real position sees every real position: no causal mask
         for block in self.blocks:
             h = block(h, rope, None, key_mask)
-        return CrossMemory(self.norm(centred(h, mask)), mask, voice=self.voice(inputs.speaker))
+        return CrossMemory(self.norm(centred(h, mask)), mask, voice=self.voice(inputs.speaker),
+                           text_len=inputs.text_len)
 
 
 def centred(h: Tensor, mask: Tensor) -> Tensor:

@@ -49,6 +49,11 @@ class ConditionConfig:
     encoder_layers: int = 2
     text_dropout: float = 0.1
     speaker_dropout: float = 0.1
+    guided_attention: float = 0.0  # weight of the guided-attention loss in training (lm.alignment); 0: none
+    guided_sigma: float = 0.2  # its width g, in fractions of the text and of the audio
+    guided_heads: int = 2  # the first guided_heads cross-attention heads of every decoder layer are guided
+    context_noise: float = 0.0  # training: each input code replaced by a random one at this rate (Tacotron's
+    # prenet-dropout bottleneck: an unreliable audio history makes the decoder lean on its text)
 
     def __post_init__(self) -> None:
         if not isinstance(self.speakers, (list, tuple)) or not all(isinstance(s, str) and s for s in self.speakers):
@@ -56,13 +61,16 @@ class ConditionConfig:
         self.speakers = list(self.speakers)
         if len(set(self.speakers)) != len(self.speakers):
             raise ValueError(f"condition.speakers names a speaker twice: {self.speakers}")
-        for name, low in (("text_max_bytes", 1), ("encoder_layers", 0)):
+        for name, low in (("text_max_bytes", 1), ("encoder_layers", 0), ("guided_heads", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"condition.{name} must be an integer >= {low}, got {value!r}")
-        for name in ("text_dropout", "speaker_dropout"):
+        for name in ("text_dropout", "speaker_dropout", "context_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"condition.{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if not self.guided_attention >= 0.0 or not self.guided_sigma > 0.0:
+            raise ValueError(f"condition.guided_attention must be >= 0 and guided_sigma > 0, got "
+                             f"{self.guided_attention!r} and {self.guided_sigma!r}")
 
     @property
     def null_speaker(self) -> int:
@@ -144,6 +152,9 @@ class LMConfig:
             raise ValueError(f"RoPE rotates feature pairs, so the head dimension ({self.head_dim}) must be even")
         if self.condition is not None and self.head_dim % 2:
             raise ValueError(f"the condition encoder uses RoPE, so the head dimension ({self.head_dim}) must be even")
+        if self.condition is not None and self.condition.guided_heads > self.n_heads:
+            raise ValueError(f"condition.guided_heads ({self.condition.guided_heads}) is more than the "
+                             f"{self.n_heads} heads of each cross-attention")
         if self.pos == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"the sinusoidal encoding needs an even d_model, got {self.d_model}")
         if not 0.0 <= self.dropout < 1.0:

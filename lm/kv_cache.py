@@ -210,12 +210,14 @@ class CrossMemory:
     [B, H_kv, M, Dh], filled once per sequence by `MultiCodebookLM.cross_memory` for generation;
     None: each forward projects `states` itself (training). voice [B, d]: the speaker's row of the
     encoder's voice table, which the decoder adds to every input position (None: nothing added).
+    text_len [B] long: the bytes of text each row reads after condition dropout (0: null text).
     """
 
     states: Tensor
     mask: Tensor
     kv: list[tuple[Tensor, Tensor]] | None = None
     voice: Tensor | None = None
+    text_len: Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -222,11 +222,15 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         out = self.model.loss(batch["codes"], batch["frame_mask"], **batch_conditions(self.model, batch))
         self._log_losses("train", out.nll_sum.detach(), out.count, loss=out.loss.detach())
+        total = out.loss
+        if out.guide is not None:  # guided attention (lm.alignment), weighted by the condition config
+            self.log("train/guide", out.guide.detach(), on_step=True, on_epoch=False)
+            total = total + self.lm_config.condition.guided_attention * out.guide
         aux = moe_aux_loss(self.model)  # a mixture of experts' load balance (lm.moe), weighted by the config
         if aux is None:
-            return out.loss
+            return total
         self.log("train/moe_aux", aux.detach(), on_step=True, on_epoch=False)
-        return out.loss + self.lm_config.moe_aux_weight * aux
+        return total + self.lm_config.moe_aux_weight * aux
 
     def on_train_batch_end(self, outputs, batch: dict[str, Tensor], batch_idx: int) -> None:
         now = time.perf_counter()
@@ -259,11 +263,16 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         n_c = self.lm_config.n_codebooks
         self._val_nll = torch.zeros(n_c, dtype=torch.float64, device=self.device)
         self._val_count = torch.zeros(n_c, dtype=torch.float64, device=self.device)
+        self._val_guide = []
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        out = self.model.loss(batch["codes"], batch["frame_mask"], **batch_conditions(self.model, batch))
+        cond = self.lm_config.condition
+        guide = cond is not None and cond.guided_attention > 0
+        out = self.model.loss(batch["codes"], batch["frame_mask"], **batch_conditions(self.model, batch), guide=guide)
         self._val_nll += out.nll_sum.double()
         self._val_count += out.count.double()
+        if out.guide is not None:
+            self._val_guide.append(out.guide.detach())
 
     def on_validation_epoch_end(self) -> None:
         self._last_batch_end = None  # the next training interval would include this validation
@@ -271,6 +280,8 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         count = self.trainer.strategy.reduce(self._val_count, reduce_op="sum")
         if count.sum() > 0:
             self._log_losses("val", nll, count)
+        if self._val_guide:  # the held-out off-diagonal attention mass: is the text read in order?
+            self.log("val/guide", torch.stack(self._val_guide).mean(), on_step=False, on_epoch=True)
 
     # -- optimizer --------------------------------------------------------------------------------
     def configure_optimizers(self):

@@ -1,0 +1,132 @@
+"""Guided attention (lm.alignment): DC-TTS's diagonal penalty on the conditioned decoder's cross-attention."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lm import LMConfig, MultiCodebookLM
+from lm.alignment import guide_penalty, guided_attention_loss
+from test_lm_conditioning import cond_cfg, cond_model, inputs_of
+
+
+def test_the_penalty_is_dc_ttss_w_with_the_speaker_at_full_cost_and_padding_free():
+    """Tachibana et al. 2017, eq. (W_nt = 1 - exp(-(n/N - t/T)^2 / 2g^2)), at position centres, written out."""
+    g, text_len, seq_len, n_pos, width = 0.3, torch.tensor([3, 5]), torch.tensor([4, 6]), 6, 7
+    w = guide_penalty(text_len, seq_len, n_pos, width, g)
+    for b in range(2):
+        L, S = int(text_len[b]), int(seq_len[b])
+        for s in range(n_pos):
+            assert w[b, s, 0] == 1.0  # the speaker's source position
+            for j in range(L):
+                want = 1 - math.exp(-(((j + 0.5) / L - (s + 0.5) / S) ** 2) / (2 * g * g))
+                assert w[b, s, 1 + j].item() == pytest.approx(want, abs=1e-6)
+            assert (w[b, s, 1 + L:] == 0).all()  # padding past the text
+
+
+def one_hot_maps(text_len: int, n_pos: int, column_of) -> torch.Tensor:
+    a = torch.zeros(1, 1, n_pos, 1 + text_len)
+    for s in range(n_pos):
+        a[0, 0, s, column_of(s)] = 1.0
+    return a
+
+
+def test_reading_in_order_costs_least_and_resting_on_the_speaker_costs_everything():
+    L, S, g = 10, 30, 0.2
+    args = (torch.tensor([L]), torch.tensor([S]), torch.tensor([True]), g)
+    diagonal = one_hot_maps(L, S, lambda s: 1 + (s * L) // S)
+    backwards = one_hot_maps(L, S, lambda s: L - (s * L) // S)
+    uniform = torch.full((1, 1, S, 1 + L), 1.0 / (1 + L))
+    speaker = one_hot_maps(L, S, lambda s: 0)
+    costs = [guided_attention_loss([a], *args).item() for a in (diagonal, uniform, backwards, speaker)]
+    assert costs[0] < 0.02 and costs[0] < costs[1] < costs[2] < costs[3] == 1.0, costs
+
+
+def test_only_guided_rows_and_real_positions_count():
+    """A row without text or not ending in the window is left alone; positions past a row's end too."""
+    L, S, g = 4, 8, 0.2
+    good = one_hot_maps(L, S, lambda s: 1 + (s * L) // S)
+    bad = one_hot_maps(L, S, lambda s: 0)
+    lens, seqs = torch.tensor([L, L]), torch.tensor([S, S])
+    alone = guided_attention_loss([good], lens[:1], seqs[:1], torch.tensor([True]), g).item()
+    both = torch.cat([good, bad])
+    assert guided_attention_loss([both], lens, seqs, torch.tensor([True, False]), g).item() == pytest.approx(alone)
+    assert guided_attention_loss([both], lens, seqs, torch.tensor([False, False]), g).item() == 0.0
+    short = one_hot_maps(L, 6, lambda s: 1 + (s * L) // 6)
+    garbage_after = torch.cat([short, bad[:, :, 6:]], dim=2)  # positions 6, 7 are past the row's end
+    args = (torch.tensor([L]), torch.tensor([6]), torch.tensor([True]), g)
+    assert guided_attention_loss([garbage_after], *args).item() == pytest.approx(
+        guided_attention_loss([short], *args).item())
+
+
+def test_recording_the_weights_changes_no_logit_and_they_are_the_softmax_the_heads_use():
+    model = cond_model(condition={"guided_attention": 1.0, "guided_heads": 2}).eval()
+    codes = torch.randint(0, 16, (2, 3, 9))
+    cond = inputs_of(model, ["ahoj", "lod"], ["font_small", "font_big"])
+    ends = torch.tensor([True, True])
+    plain = model.loss(codes, None, cond, ends, guide=False)
+    guided = model.loss(codes, None, cond, ends, guide=True)
+    assert plain.guide is None and guided.guide is not None and 0 < guided.guide.item() < 1
+    assert torch.allclose(plain.nll_sum, guided.nll_sum, atol=1e-9)
+    attns = model._record_cross_attention(2)
+    try:
+        memory = model.encode_condition(cond)
+        model(torch.zeros(2, 3, 5, dtype=torch.long), memory=memory)
+        w = attns[0].recorded
+    finally:
+        model._record_cross_attention(0)
+    assert w.shape == (2, 2, 5, memory.states.shape[1])
+    assert torch.allclose(w.sum(-1), torch.ones(2, 2, 5, dtype=w.dtype))
+    assert (w[1, :, :, 1 + 3:] == 0).all()  # "lod" is 3 bytes: padding after it gets no weight
+
+
+def test_the_guide_is_on_in_training_only_when_weighted_and_trains_the_heads():
+    off = MultiCodebookLM(cond_cfg()).train()
+    on = MultiCodebookLM(cond_cfg(condition={"guided_attention": 1.0, "text_dropout": 0.0})).train()
+    codes = torch.randint(0, 16, (2, 3, 9))
+    for model, wanted in ((off, False), (on, True)):
+        cond = inputs_of(model, ["ahoj", "lod"], ["font_small", "font_big"])
+        out = model.loss(codes, None, cond, torch.tensor([True, True]))
+        assert (out.guide is not None) == wanted
+    out.guide.backward()
+    assert on.blocks[0].cross_attn.q.weight.grad.abs().sum() > 0  # the guided heads' queries learn from it
+    last_out = on.blocks[-1].cross_attn.out.weight.grad  # what the last layer writes feeds no guided head
+    assert last_out is None or last_out.abs().sum() == 0
+    assert on.eval().loss(codes, None, cond, torch.tensor([True, True])).guide is None
+
+
+def test_guided_heads_must_exist_and_old_configs_load_without_a_guide():
+    with pytest.raises(ValueError, match="guided_heads"):
+        cond_cfg(condition={"guided_heads": 5})
+    with pytest.raises(ValueError, match="guided_attention"):
+        cond_cfg(condition={"guided_attention": -1.0})
+    old = cond_cfg().to_dict()
+    for key in ("guided_attention", "guided_sigma", "guided_heads"):
+        old["condition"].pop(key)
+    assert LMConfig.from_dict(old).condition.guided_attention == 0.0
+
+
+def test_context_noise_replaces_codes_at_its_rate_in_training_only_and_never_special_ids():
+    from lm.model import noisy_context
+
+    torch.manual_seed(0)
+    inputs = torch.randint(0, 16, (4, 3, 5000))
+    inputs[:, :, 0] = 18  # bos
+    inputs[:, 2, -5:] = 17  # pad
+    noisy = noisy_context(inputs, 0.25, 16)
+    changed = noisy != inputs
+    assert (noisy[:, :, 0] == 18).all() and (noisy[:, 2, -5:] == 17).all() and (noisy[changed] < 16).all()
+    # a replacement is uniform over the 16 codes, so 1/16 of the drawn ones land on the same code
+    assert abs(changed[:, :, 1:-5].float().mean().item() - 0.25 * 15 / 16) < 0.01
+    model = MultiCodebookLM(cond_cfg(condition={"context_noise": 0.5})).eval()
+    codes = torch.randint(0, 16, (2, 3, 9))
+    cond = inputs_of(model, ["ahoj", "lod"], ["font_small", "font_big"])
+    a, b = (model.loss(codes, None, cond).loss for _ in range(2))
+    assert a == b  # eval: no noise
+    model.train()
+    torch.manual_seed(1)
+    c = model.loss(codes, None, cond).loss
+    torch.manual_seed(2)
+    assert model.loss(codes, None, cond).loss != c  # training draws noise
