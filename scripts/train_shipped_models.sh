@@ -17,7 +17,7 @@
 #   MASKED_STEPS the masked LM (recipes/lm_masked_speech.yaml, from the shipped AR LM: 1000, the
 #                default; 0: none)
 #   COND_STEPS   the text- and speaker-conditioned LM (recipes/lm_speech_conditioned.yaml, from the shipped
-#                AR LM, on the corpus plus its espeak-ng voices: 1800, the default; 0: none)
+#                AR LM, on the corpus plus its espeak-ng voices: 1200, the default; 0: none)
 # Training is reproducible up to float non-determinism across thread counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,7 @@ CODEC_STEPS3=${CODEC_STEPS3:-5000}
 LM_STEPS=${LM_STEPS:?set LM_STEPS}
 LM_STEPS2=${LM_STEPS2:-0}
 MASKED_STEPS=${MASKED_STEPS:-1000}
-COND_STEPS=${COND_STEPS:-1800}
+COND_STEPS=${COND_STEPS:-1200}
 RVQLM=.venv/bin/rvqlm
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
