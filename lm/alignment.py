@@ -1,4 +1,6 @@
-"""Guided attention (Tachibana et al. 2017, "Efficiently trainable text-to-speech ... with guided
+"""Training aids that make a conditioned decoder read its text.
+
+Guided attention (Tachibana et al. 2017, "Efficiently trainable text-to-speech ... with guided
 attention", DC-TTS): a training loss that pulls cross-attention heads towards the diagonal of
 text and audio, since speech reads its text in order, start to end.
 
@@ -11,6 +13,9 @@ and the speaker's source position (index 0) costs W = 1, so a guided head cannot
 loss is sum_j A[s, j] W[s, j], the attention mass a head puts off the diagonal (0..1), averaged
 over the guided heads of every layer, the row's S positions and the guided rows. Only rows whose
 window holds a whole file with its text are guided: elsewhere the diagonal is unknown.
+
+Context noise replaces input codes by random ones (Tacotron's prenet-dropout bottleneck): with an
+unreliable audio history the decoder leans on its conditions.
 """
 
 from __future__ import annotations
@@ -34,11 +39,20 @@ def guide_penalty(text_len: Tensor, seq_len: Tensor, n_positions: int, width: in
     return torch.where(j < L, w, torch.zeros_like(w))
 
 
-def guided_attention_loss(weights: Sequence[Tensor], text_len: Tensor, seq_len: Tensor, rows: Tensor,
+def guided_attention_loss(weights: Sequence[Tensor], memory, ends: Tensor | None, valid: Tensor,
                           sigma: float) -> Tensor:
-    """weights: per layer [B, h, S, M] attention (rows sum to 1 over M); text_len [B] bytes read;
-    seq_len [B] real positions of each row; rows [B] bool, the rows to guide -> the mean off-diagonal
-    mass (a scalar; 0 when no row is guided)."""
+    """weights: per layer [B, h, S, M] attention (rows sum to 1 over M); memory: the CrossMemory read
+    (its text_len [B], after condition dropout); ends [B] bool (the window holds its file's end; None:
+    no row does); valid [B, N_c, S] the targets scored -> the mean off-diagonal mass (a scalar; 0 when
+    no row is guided)."""
+    rows = (memory.text_len > 0) & (ends.to(valid.device) if ends is not None else False)
+    return off_diagonal_mass(weights, memory.text_len, valid.any(1).sum(-1), rows, sigma)
+
+
+def off_diagonal_mass(weights: Sequence[Tensor], text_len: Tensor, seq_len: Tensor, rows: Tensor,
+                      sigma: float) -> Tensor:
+    """weights: per layer [B, h, S, M]; text_len [B] bytes read; seq_len [B] real positions of each
+    row; rows [B] bool, the rows to guide -> the mean off-diagonal mass (0 when no row is guided)."""
     if not weights:
         raise ValueError("no recorded cross-attention weights to guide")
     b, _, n_positions, width = weights[0].shape
@@ -52,3 +66,25 @@ def guided_attention_loss(weights: Sequence[Tensor], text_len: Tensor, seq_len: 
         off = (w.float() * penalty[:, None]).sum(-1).mean(1)  # [B, S]: off-diagonal mass, heads averaged
         total = total + (off * take).sum() / take.sum()
     return total / len(weights)
+
+
+def forward_recording(model, inputs: Tensor, memory, heads: int) -> tuple[Tensor, list[Tensor]]:
+    """model(inputs, memory=memory) keeping the first `heads` heads' weights of every cross-attention:
+    -> logits, per layer [B, heads, S, M] (an empty list when heads = 0)."""
+    attns = [block.cross_attn for block in model.blocks if block.cross_attn is not None] if heads else []
+    for attn in attns:
+        attn.record_heads = heads
+    try:
+        return model(inputs, memory=memory), [attn.recorded for attn in attns]
+    finally:
+        for attn in attns:
+            attn.record_heads, attn.recorded = 0, None
+
+
+def noisy_context(inputs: Tensor, rate: float, codebook_size: int) -> Tensor:
+    """inputs [B, N_c, S] with each code (ids < codebook_size; not bos, pad or end) replaced by a uniformly
+    random code with probability `rate` (torch's global RNG; rate 0 draws nothing). The targets stay true."""
+    if rate <= 0:
+        return inputs
+    noise = (torch.rand(inputs.shape, device=inputs.device) < rate) & (inputs < codebook_size)
+    return torch.where(noise, torch.randint_like(inputs, codebook_size), inputs)

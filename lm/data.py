@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from lm.config import LMConfig
 from rvqlm_core.batch_stream import BatchStream, StreamLoader, StreamPosition, worker_share
 from rvqlm_core.token_shards import TokenShards
 
@@ -373,3 +374,23 @@ class TokenDataModule(pl.LightningDataModule):
             raise ValueError("cannot resume the training data stream exactly, the data settings changed ("
                              + "; ".join(changed) + ")")
         self.position.consumed_batches = int(state["consumed_batches"])
+
+
+def check_conditions(cfg: LMConfig, dm: TokenDataModule) -> None:
+    """A conditioned LM needs data with conditions (and the other way round), texts within its
+    limit and speakers in its table: ValueError naming the file or the speakers."""
+    if (cfg.condition is not None) != dm.conditions:
+        raise ValueError(f"the LM {'is' if cfg.condition is not None else 'is not'} conditioned but "
+                         f"data.conditions is {dm.conditions}: set both (model.config.condition and "
+                         "data.conditions: true) or neither")
+    if cfg.condition is None:
+        return
+    known = set(cfg.condition.speakers)
+    for files in (dm.train_files, dm.valid_files):
+        for path, text, speaker in zip(files.relpaths, files.texts, files.speakers):
+            if len(text.encode("utf-8")) > cfg.condition.text_max_bytes:
+                raise ValueError(f"{dm.tokens_dir}: {path}: its text has {len(text.encode('utf-8'))} UTF-8 bytes, "
+                                 f"over the LM's text_max_bytes={cfg.condition.text_max_bytes}")
+            if speaker and speaker not in known:
+                raise ValueError(f"{dm.tokens_dir}: {path}: speaker {speaker!r} is not in the LM's table "
+                                 f"({', '.join(cfg.condition.speakers) or 'empty'})")

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from lm.conditioning import ConditionEncoder, ConditionInputs, condition_inputs
 from lm.config import LMConfig
-from lm.alignment import guided_attention_loss
+from lm.alignment import forward_recording, guided_attention_loss, noisy_context
 from lm.end_of_audio import layout_with_end
 from lm.generate import generate
 from lm.int8 import float_state, head_logits, int8_head_weights, to_int8
@@ -46,13 +46,6 @@ from rvqlm_core.weight_dtype import QUANTIZED_DTYPES
 
 # How an LM folder's config.json names its kind: {"model_type": ..., "format_version": 1, "config": {...}}.
 LM_FORMAT = FolderFormat("LM", "model_type", "rvqlm.MultiCodebookLM", 1)
-
-
-def noisy_context(inputs: Tensor, rate: float, codebook_size: int) -> Tensor:
-    """inputs [B, N_c, S] with each code (ids < codebook_size; not bos, pad or end) replaced by a uniformly
-    random code with probability `rate` (torch's global RNG). The targets stay the true codes."""
-    noise = (torch.rand(inputs.shape, device=inputs.device) < rate) & (inputs < codebook_size)
-    return torch.where(noise, torch.randint_like(inputs, codebook_size), inputs)
 
 
 @dataclass
@@ -372,8 +365,7 @@ class MultiCodebookLM(nn.Module):
         rows whose last real frame is their file's last: the end-of-audio id is a target after it
         (lm.end_of_audio). An unconditioned LM takes neither.
         """
-        nll, valid, _ = self._token_nll(codes, frame_mask, condition, ends, guide=False)
-        return nll, valid
+        return self._token_nll(codes, frame_mask, condition, ends, guide=False)[:2]
 
     def _token_nll(self, codes: Tensor, frame_mask: Tensor | None, condition: ConditionInputs | None,
                    ends: Tensor | None, guide: bool) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -391,46 +383,26 @@ class MultiCodebookLM(nn.Module):
                 raise ValueError(f"{codes.shape[-1]} frames and an end-of-audio token take {seq.shape[-1]} positions, "
                                  f"more than max_seq_len={cfg.max_seq_len}")
         inputs = torch.cat([torch.full_like(seq[..., :1], cfg.bos_id), seq[..., :-1]], dim=-1)
-        if self.training and cfg.condition is not None and cfg.condition.context_noise > 0:
+        if self.training and cfg.condition is not None:  # context noise (lm.alignment): none at rate 0
             inputs = noisy_context(inputs, cfg.condition.context_noise, cfg.codebook_size)
         memory = None if cfg.condition is None else self.encode_condition(condition, codes.shape[0])
         guide = guide and cfg.condition is not None and cfg.condition.guided_heads > 0
-        recorded = self._record_cross_attention(cfg.condition.guided_heads) if guide else []
-        try:
-            logits = self(inputs, memory=memory)  # [B, N_c, S, n_outputs]
-            recorded = [a.recorded for a in recorded]
-        finally:
-            for attn in self._record_cross_attention(0):
-                attn.recorded = None
-        targets = seq.masked_fill(~valid, -100)
+        logits, recorded = forward_recording(self, inputs, memory, cfg.condition.guided_heads if guide else 0)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 logits: CE in fp32
-        nll = F.cross_entropy(rearrange(logits, "b c s v -> (b c s) v"), targets.flatten(),
+        nll = F.cross_entropy(rearrange(logits, "b c s v -> (b c s) v"), seq.masked_fill(~valid, -100).flatten(),
                               ignore_index=-100, reduction="none")
-        guided = None
-        if guide:
-            rows = (memory.text_len > 0) & (ends.to(codes.device) if ends is not None else False)
-            guided = guided_attention_loss(recorded, memory.text_len, valid.any(1).sum(-1), rows,
-                                           cfg.condition.guided_sigma)
+        guided = guided_attention_loss(recorded, memory, ends, valid, cfg.condition.guided_sigma) if guide else None
         return nll.view_as(seq), valid, guided
-
-    def _record_cross_attention(self, heads: int) -> list:
-        """Every block's cross-attention, set to keep its first `heads` heads' weights (0: to stop)."""
-        attns = [block.cross_attn for block in self.blocks if block.cross_attn is not None]
-        for attn in attns:
-            attn.record_heads = heads
-        return attns
 
     def loss(self, codes: Tensor, frame_mask: Tensor | None = None, condition: ConditionInputs | None = None,
              ends: Tensor | None = None, guide: bool | None = None) -> LMLoss:
         """codes [B, N_c, T] in 0..|V|-1, frame_mask [B, T] bool (False = padding, at row ends)
         -> LMLoss: mean next-token NLL over the valid targets of all codebooks (nats/token).
-        condition, ends: a conditioned LM's (see `token_nll`). guide: also compute the guided-attention
-        loss (lm.alignment); None = in training mode when the config weights it above 0."""
-        if guide is None:
-            guide = self.training and self.cfg.condition is not None and self.cfg.condition.guided_attention > 0
-        nll, valid, guided = self._token_nll(codes, frame_mask, condition, ends, guide)
-        nll_sum = nll.sum(dim=(0, 2))
-        count = valid.sum(dim=(0, 2))
+        condition, ends: a conditioned LM's (see `token_nll`); guide: lm.alignment's loss too (None: if training)."""
+        weighted = self.cfg.condition is not None and self.cfg.condition.guided_attention > 0
+        nll, valid, guided = self._token_nll(codes, frame_mask, condition, ends, weighted and self.training
+                                             if guide is None else guide)
+        nll_sum, count = nll.sum(dim=(0, 2)), valid.sum(dim=(0, 2))
         return LMLoss(loss=nll_sum.sum() / count.sum().clamp(min=1), nll_sum=nll_sum, count=count, guide=guided)
 
     def log_likelihood(self, codes: Tensor, frame_mask: Tensor | None = None, condition: ConditionInputs | None = None,

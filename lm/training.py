@@ -37,7 +37,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import Tensor, nn
 
 from lm.config import LMConfig
-from lm.data import TokenDataModule, TokenFiles, ValidWindows
+from lm.data import TokenDataModule, TokenFiles, ValidWindows, check_conditions
 from lm.model import MultiCodebookLM
 from lm.moe import moe_aux_loss
 from lm.warm_start import warm_start
@@ -121,26 +121,6 @@ def batch_conditions(model: MultiCodebookLM, batch: dict, ends: bool = True) -> 
     n = batch["codes"].shape[0]
     condition = model.condition_inputs([t or None for t in batch["text"]], [s or None for s in batch["speaker"]], n)
     return {"condition": condition, "ends": batch["ends"] if ends else None}
-
-
-def check_conditions(cfg: LMConfig, dm: TokenDataModule) -> None:
-    """A conditioned LM needs data with conditions (and the other way round), texts within its
-    limit and speakers in its table: ValueError naming the file or the speakers."""
-    if (cfg.condition is not None) != dm.conditions:
-        raise ValueError(f"the LM {'is' if cfg.condition is not None else 'is not'} conditioned but "
-                         f"data.conditions is {dm.conditions}: set both (model.config.condition and "
-                         "data.conditions: true) or neither")
-    if cfg.condition is None:
-        return
-    known = set(cfg.condition.speakers)
-    for files in (dm.train_files, dm.valid_files):
-        for path, text, speaker in zip(files.relpaths, files.texts, files.speakers):
-            if len(text.encode("utf-8")) > cfg.condition.text_max_bytes:
-                raise ValueError(f"{dm.tokens_dir}: {path}: its text has {len(text.encode('utf-8'))} UTF-8 bytes, "
-                                 f"over the LM's text_max_bytes={cfg.condition.text_max_bytes}")
-            if speaker and speaker not in known:
-                raise ValueError(f"{dm.tokens_dir}: {path}: speaker {speaker!r} is not in the LM's table "
-                                 f"({', '.join(cfg.condition.speakers) or 'empty'})")
 
 
 # ---- the LightningModule ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lm import LMConfig, MultiCodebookLM
-from lm.alignment import guide_penalty, guided_attention_loss
+from lm.alignment import forward_recording, guide_penalty, noisy_context, off_diagonal_mass
 from test_lm_conditioning import cond_cfg, cond_model, inputs_of
 
 
@@ -40,7 +40,7 @@ def test_reading_in_order_costs_least_and_resting_on_the_speaker_costs_everythin
     backwards = one_hot_maps(L, S, lambda s: L - (s * L) // S)
     uniform = torch.full((1, 1, S, 1 + L), 1.0 / (1 + L))
     speaker = one_hot_maps(L, S, lambda s: 0)
-    costs = [guided_attention_loss([a], *args).item() for a in (diagonal, uniform, backwards, speaker)]
+    costs = [off_diagonal_mass([a], *args).item() for a in (diagonal, uniform, backwards, speaker)]
     assert costs[0] < 0.02 and costs[0] < costs[1] < costs[2] < costs[3] == 1.0, costs
 
 
@@ -50,15 +50,15 @@ def test_only_guided_rows_and_real_positions_count():
     good = one_hot_maps(L, S, lambda s: 1 + (s * L) // S)
     bad = one_hot_maps(L, S, lambda s: 0)
     lens, seqs = torch.tensor([L, L]), torch.tensor([S, S])
-    alone = guided_attention_loss([good], lens[:1], seqs[:1], torch.tensor([True]), g).item()
+    alone = off_diagonal_mass([good], lens[:1], seqs[:1], torch.tensor([True]), g).item()
     both = torch.cat([good, bad])
-    assert guided_attention_loss([both], lens, seqs, torch.tensor([True, False]), g).item() == pytest.approx(alone)
-    assert guided_attention_loss([both], lens, seqs, torch.tensor([False, False]), g).item() == 0.0
+    assert off_diagonal_mass([both], lens, seqs, torch.tensor([True, False]), g).item() == pytest.approx(alone)
+    assert off_diagonal_mass([both], lens, seqs, torch.tensor([False, False]), g).item() == 0.0
     short = one_hot_maps(L, 6, lambda s: 1 + (s * L) // 6)
     garbage_after = torch.cat([short, bad[:, :, 6:]], dim=2)  # positions 6, 7 are past the row's end
     args = (torch.tensor([L]), torch.tensor([6]), torch.tensor([True]), g)
-    assert guided_attention_loss([garbage_after], *args).item() == pytest.approx(
-        guided_attention_loss([short], *args).item())
+    assert off_diagonal_mass([garbage_after], *args).item() == pytest.approx(
+        off_diagonal_mass([short], *args).item())
 
 
 def test_recording_the_weights_changes_no_logit_and_they_are_the_softmax_the_heads_use():
@@ -70,13 +70,10 @@ def test_recording_the_weights_changes_no_logit_and_they_are_the_softmax_the_hea
     guided = model.loss(codes, None, cond, ends, guide=True)
     assert plain.guide is None and guided.guide is not None and 0 < guided.guide.item() < 1
     assert torch.allclose(plain.nll_sum, guided.nll_sum, atol=1e-9)
-    attns = model._record_cross_attention(2)
-    try:
-        memory = model.encode_condition(cond)
-        model(torch.zeros(2, 3, 5, dtype=torch.long), memory=memory)
-        w = attns[0].recorded
-    finally:
-        model._record_cross_attention(0)
+    memory = model.encode_condition(cond)
+    _, recorded = forward_recording(model, torch.zeros(2, 3, 5, dtype=torch.long), memory, 2)
+    w = recorded[0]
+    assert model.blocks[0].cross_attn.record_heads == 0 and model.blocks[0].cross_attn.recorded is None
     assert w.shape == (2, 2, 5, memory.states.shape[1])
     assert torch.allclose(w.sum(-1), torch.ones(2, 2, 5, dtype=w.dtype))
     assert (w[1, :, :, 1 + 3:] == 0).all()  # "lod" is 3 bytes: padding after it gets no weight
@@ -109,8 +106,6 @@ def test_guided_heads_must_exist_and_old_configs_load_without_a_guide():
 
 
 def test_context_noise_replaces_codes_at_its_rate_in_training_only_and_never_special_ids():
-    from lm.model import noisy_context
-
     torch.manual_seed(0)
     inputs = torch.randint(0, 16, (4, 3, 5000))
     inputs[:, :, 0] = 18  # bos
