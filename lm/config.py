@@ -73,6 +73,11 @@ class ConditionConfig:
                              f"{self.guided_attention!r} and {self.guided_sigma!r}")
 
     @property
+    def guided(self) -> bool:
+        """Training weights the guided-attention loss (lm.alignment) on at least one head."""
+        return self.guided_attention > 0 and self.guided_heads > 0
+
+    @property
     def null_speaker(self) -> int:
         return len(self.speakers)
 

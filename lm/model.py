@@ -399,7 +399,7 @@ class MultiCodebookLM(nn.Module):
         """codes [B, N_c, T] in 0..|V|-1, frame_mask [B, T] bool (False = padding, at row ends)
         -> LMLoss: mean next-token NLL over the valid targets of all codebooks (nats/token).
         condition, ends: a conditioned LM's (see `token_nll`); guide: lm.alignment's loss too (None: if training)."""
-        weighted = self.cfg.condition is not None and self.cfg.condition.guided_attention > 0
+        weighted = self.cfg.condition is not None and self.cfg.condition.guided
         nll, valid, guided = self._token_nll(codes, frame_mask, condition, ends, weighted and self.training
                                              if guide is None else guide)
         nll_sum, count = nll.sum(dim=(0, 2)), valid.sum(dim=(0, 2))

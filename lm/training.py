@@ -246,8 +246,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         self._val_guide = []
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        cond = self.lm_config.condition
-        guide = cond is not None and cond.guided_attention > 0
+        guide = self.lm_config.condition is not None and self.lm_config.condition.guided
         out = self.model.loss(batch["codes"], batch["frame_mask"], **batch_conditions(self.model, batch), guide=guide)
         self._val_nll += out.nll_sum.double()
         self._val_count += out.count.double()
