@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/conditioning.py --lm DIR --codec DIR --tokens DIR [--corpus DIR]
         [--split test] [--gain-files 0] [--head-seconds 1] [--max-files 16] [--cfg 1 2 3 5]
         [--voices font_small font_big] [--seed 0] [--max-seconds 12] [--threads 1] [--json FILE]
+        [--monotonic | --no-monotonic]
 
 --tokens: the corpus tokenized with the codec (`rvqlm tokenize`; its manifest carries each file's
 text and speaker); --corpus: the audio folder it came from (the real recordings). Needs librosa
@@ -181,13 +182,15 @@ def clip_scores(wav: np.ndarray, sample_rate: int) -> tuple[float, float]:
 
 
 def generated_clips(model, codec, texts: list[str], voices: tuple[str, str], scale: float, max_frames: int,
-                    seed: int) -> list[Clip]:
-    """Every text in every voice, generated at guidance `scale` in one batched call and decoded."""
+                    seed: int, monotonic: bool | None = None) -> list[Clip]:
+    """Every text in every voice, generated at guidance `scale` in one batched call and decoded
+    (monotonic: lm.generate's reading window; None: the LM's default)."""
     from lm.generate import generate
 
     rows = [(i, v) for i in range(len(texts)) for v in voices]
     codes, lengths = generate(model, None, max_frames, text=[texts[i] for i, _ in rows],
-                              speaker=[v for _, v in rows], cfg_scale=scale, return_lengths=True, seed=seed)
+                              speaker=[v for _, v in rows], cfg_scale=scale, return_lengths=True, seed=seed,
+                              monotonic=monotonic)
     clips = []
     for r, (i, v) in enumerate(rows):
         n = int(lengths[r])
@@ -300,9 +303,10 @@ def run(args) -> dict:
     sweep = {}
     for scale in args.cfg:
         t0 = time.perf_counter()
-        clips = generated_clips(model, codec, texts, voices, scale, max_frames, args.seed)
+        clips = generated_clips(model, codec, texts, voices, scale, max_frames, args.seed, args.monotonic)
         sweep[f"{scale:g}"] = {**summarize(clips, real, voices), "seconds_taken": time.perf_counter() - t0}
-    return {"gain": gain, "lines": [files.relpaths[i] for i in lines], "texts": texts,
+    monotonic = model.cfg.condition.guided if args.monotonic is None else args.monotonic
+    return {"gain": gain, "lines": [files.relpaths[i] for i in lines], "texts": texts, "monotonic": monotonic,
             "max_generated_seconds": max_frames / codec.frame_rate, "sweep": sweep,
             "real": {"dnsmos": mean_se(real["dnsmos"])[:2], "recon_dnsmos": mean_se(real["recon_dnsmos"])[:2],
                      "mean_seconds": mean_se(real["seconds"])[0]}}
@@ -350,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cfg", type=float, nargs="+", default=[1.0, 2.0, 3.0, 5.0], help="guidance scales")
     p.add_argument("--voices", nargs=2, default=["font_small", "font_big"], help="the two speakers compared")
     p.add_argument("--max-seconds", type=float, default=12.0, help="longest generation (default 12 s)")
+    p.add_argument("--monotonic", action=argparse.BooleanOptionalAction, default=None,
+                   help="generate with the reading window (lm.alignment.ReadingWindow; default: the LM's default, "
+                        "on for an LM trained with guided attention)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", help="also write the results here")
@@ -362,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     result = run(args)
     wall = time.perf_counter() - t0
-    print(f"LM {args.lm}, codec {args.codec}, tokens {args.tokens}/{args.split}, seed {args.seed}")
+    print(f"LM {args.lm}, codec {args.codec}, tokens {args.tokens}/{args.split}, seed {args.seed}, "
+          f"monotonic reading {'on' if result['monotonic'] else 'off'}")
     print("\n".join(report_lines(result, tuple(args.voices))))
     print(f"wall time {wall:.0f} s")
     if args.json:

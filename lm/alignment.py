@@ -88,3 +88,80 @@ def noisy_context(inputs: Tensor, rate: float, codebook_size: int) -> Tensor:
         return inputs
     noise = (torch.rand(inputs.shape, device=inputs.device) < rate) & (inputs < codebook_size)
     return torch.where(noise, torch.randint_like(inputs, codebook_size), inputs)
+
+
+class ReadingWindow:
+    """Monotonic reading while generating (attention windowing: DC-TTS's forcibly incremental attention,
+    Coqui TTS's `windowing`). Each row with a text keeps a reading position p (in bytes): the guided heads
+    of every cross-attention see only the speaker and text bytes p - back .. p + front. p follows their
+    attention's centre but never moves back nor more than `step` bytes a decoder step, and is pushed on a
+    byte when it has crossed none for over `patience` steps (None: never). Codebook 0 may choose the end only
+    once the window holds the text's last byte, and must `linger` steps later (None: never forced). Rows
+    without a text (the null rows of guidance included) are left free.
+
+    Call `before(n)` ahead of each decoder forward over n positions and `after(logits)` on its logits."""
+
+    def __init__(self, model, memory, back: int = 2, front: int = 6, step: float = 1.0, linger: int | None = 30,
+                 patience: int | None = 12):
+        if back < 0 or front < 1 or not step > 0:
+            raise ValueError(f"the reading window needs back >= 0, front >= 1, step > 0; got {back}, {front}, {step}")
+        if (linger is not None and linger < 0) or (patience is not None and patience < 0):
+            raise ValueError(f"the reading window needs linger >= 0 and patience >= 0 (or None); got {linger}, "
+                             f"{patience}")
+        self.attns = [block.cross_attn for block in model.blocks if block.cross_attn is not None]
+        self.heads, self.end_id = model.cfg.condition.guided_heads, model.cfg.end_id
+        if not model.cfg.condition.guided:
+            raise ValueError("the reading window needs an LM trained with guided attention "
+                             "(condition.guided_attention > 0 and guided_heads > 0)")
+        self.back, self.front, self.step, self.linger, self.patience = back, front, float(step), linger, patience
+        self.text_len = memory.text_len  # [R]
+        self.width = memory.mask.shape[-1]  # M = 1 + the longest text
+        self.pos = torch.zeros(len(self.text_len), device=self.text_len.device)  # [R] bytes read
+        self.at_end = torch.zeros(len(self.text_len), dtype=torch.long, device=self.text_len.device)  # [R] steps
+        self.still = torch.zeros_like(self.at_end)  # [R] steps since the position last crossed a byte
+        self.history: list[Tensor] = []  # each decoder step's focus [R, M], for forwards that recompute
+
+    def focus(self) -> Tensor:
+        """[R, M] bool: the speaker and the bytes in each row's window (everything for rows without a text)."""
+        j = torch.arange(self.width, device=self.pos.device)[None, :] - 1  # byte index; -1: speaker
+        start = self.pos.floor()[:, None]
+        inside = (j < 0) | ((j >= start - self.back) & (j <= start + self.front))
+        return inside | (self.text_len == 0)[:, None]
+
+    def before(self, n_positions: int = 1) -> None:
+        """Limit the guided heads of the coming forward over n positions: its last row to the current
+        window, the rows before it to the windows their own steps had (a recompute equals the cache)."""
+        self.history.append(self.focus())
+        focus = torch.stack(self.history[-n_positions:], dim=1)  # [R, F, M]
+        for attn in self.attns:
+            attn.focus, attn.focus_heads, attn.record_heads = focus, self.heads, self.heads
+
+    def after(self, logits: Tensor) -> Tensor:
+        """Move each row's position on from the recorded attention; -> logits [B, N_c, S, V] (B <= R: the
+        rows the caller keeps) with the end barred from codebook 0's last position where not yet allowed."""
+        centres = []
+        for attn in self.attns:
+            w = attn.recorded[:, :, -1, 1:].float()  # [R, heads, M - 1]: the last row's weights on the bytes
+            attn.focus, attn.focus_heads, attn.record_heads, attn.recorded = None, 0, 0, None
+            j = torch.arange(w.shape[-1], device=w.device, dtype=w.dtype)
+            centres.append((w * j).sum(-1) / w.sum(-1).clamp_min(1e-9))  # [R, heads]
+        centre = torch.stack(centres).mean(dim=(0, 2))  # [R]
+        moved = torch.minimum(torch.maximum(self.pos, centre), self.pos + self.step)
+        self.still = torch.where(moved.floor() > self.pos.floor(), 0, self.still + 1)
+        if self.patience is not None:
+            pushed = self.still > self.patience
+            moved, self.still = torch.where(pushed, moved.floor() + 1, moved), torch.where(pushed, 0, self.still)
+        self.pos = torch.where(self.text_len > 0, moved, torch.zeros_like(moved))
+        reached = (self.pos.floor() + self.front >= self.text_len - 1) & (self.text_len > 0)
+        self.at_end = torch.where(reached, self.at_end + 1, 0)
+        rows = logits.shape[0]
+        barred = ~reached[:rows] & (self.text_len[:rows] > 0)
+        forced = (self.at_end[:rows] > self.linger) if self.linger is not None else torch.zeros_like(barred)
+        if self.end_id is None or not bool((barred | forced).any()):
+            return logits
+        logits = logits.clone()
+        logits[barred, 0, -1, self.end_id] = float("-inf")
+        last = logits[forced, 0, -1]
+        only_end = torch.arange(last.shape[-1], device=last.device) == self.end_id
+        logits[forced, 0, -1] = torch.where(only_end, last, float("-inf"))
+        return logits

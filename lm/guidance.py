@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lm.alignment import ReadingWindow
 from lm.conditioning import ConditionInputs
 from lm.kv_cache import KVCache
 
@@ -26,7 +27,7 @@ class ConditionedDecoder:
     """A conditioned MultiCodebookLM with its conditions bound: tokens [B, N_c, S] -> (guided)
     logits [B, N_c, S, n_outputs]. Build it in eval mode (no condition dropout)."""
 
-    def __init__(self, model: Any, inputs: ConditionInputs, cfg_scale: float = 1.0):
+    def __init__(self, model: Any, inputs: ConditionInputs, cfg_scale: float = 1.0, reading: bool = False):
         scale = float(cfg_scale)
         if not scale >= 0 or scale == float("inf"):
             raise ValueError(f"the guidance scale (cfg) must be a finite number >= 0, got {cfg_scale!r}")
@@ -37,6 +38,7 @@ class ConditionedDecoder:
         if self.guided:  # rows 0..B-1 conditional, B..2B-1 the null conditions
             inputs = inputs.cat(model.condition_encoder.null_inputs(len(inputs)))
         self.memory = model.cross_memory(inputs)
+        self.reading = ReadingWindow(model, self.memory) if reading else None  # monotonic reading (lm.alignment)
 
     # what lm.generate reads of a model
     @property
@@ -68,9 +70,14 @@ class ConditionedDecoder:
 
     def __call__(self, tokens: Tensor, cache: KVCache | None = None, window: int | None = None) -> Tensor:
         if tokens.shape[0] != self.batch_size:
-            raise ValueError(f"the decoder was bound to {self.batch_size} conditions, the tokens have {tokens.shape[0]} rows")
+            raise ValueError(f"the decoder was bound to {self.batch_size} conditions, "
+                             f"the tokens have {tokens.shape[0]} rows")
+        if self.reading is not None:
+            self.reading.before(tokens.shape[-1])
         if not self.guided:
-            return self.model(tokens, cache=cache, window=window, memory=self.memory)
-        logits = self.model(torch.cat([tokens, tokens]), cache=cache, window=window, memory=self.memory)
-        cond, uncond = logits.chunk(2)
-        return uncond + self.scale * (cond - uncond)
+            logits = self.model(tokens, cache=cache, window=window, memory=self.memory)
+        else:
+            cond, uncond = self.model(torch.cat([tokens, tokens]), cache=cache, window=window,
+                                      memory=self.memory).chunk(2)
+            logits = uncond + self.scale * (cond - uncond)
+        return logits if self.reading is None else self.reading.after(logits)

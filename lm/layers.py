@@ -160,6 +160,8 @@ class CrossAttention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.record_heads = 0  # > 0: the next forwards keep the first record_heads heads' weights (lm.alignment)
         self.recorded: Tensor | None = None  # those weights [B, record_heads, S, M]
+        self.focus: Tensor | None = None  # [B, F, M] bool: the source the first focus_heads heads' last F
+        self.focus_heads = 0  # query rows may see (lm.alignment.ReadingWindow, at generation)
 
     def keys_values(self, states: Tensor) -> tuple[Tensor, Tensor]:
         """Encoder output [B, M, d] -> keys, values [B, H_kv, M, Dh] (computed once per sequence when generating)."""
@@ -170,22 +172,29 @@ class CrossAttention(nn.Module):
     def forward(self, x: Tensor, k: Tensor, v: Tensor, source_mask: Tensor) -> Tensor:
         """x [B, S, d], k/v [B, H_kv, M, Dh], source_mask [B, M] bool (True = real) -> [B, S, d]."""
         q = rearrange(self.q(x), "b s (h d) -> b h s d", d=self.head_dim)
+        mask = source_mask[:, None, None, :]
+        if self.focus is not None and self.focus_heads:
+            n = q.shape[2]
+            focus = self.focus[:, -n:]  # [B, F, M], F <= S: the last rows'
+            mask = mask.expand(-1, self.n_heads, n, -1).clone()
+            mask[:, :self.focus_heads, n - focus.shape[1]:] &= focus[:, None]
         if self.record_heads:
-            y = self._attend_recording(q, k.to(q.dtype), v.to(q.dtype), source_mask)
+            y = self._attend_recording(q, k.to(q.dtype), v.to(q.dtype), mask)
         else:
             y = F.scaled_dot_product_attention(
-                q, k.to(q.dtype), v.to(q.dtype), attn_mask=source_mask[:, None, None, :],
+                q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
                 dropout_p=self.attn_dropout if self.training else 0.0,
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )  # [B, H, S, Dh]: softmax(q k^T / sqrt(Dh) + source padding mask) v
         return self.resid_dropout(self.out(rearrange(y, "b h s d -> b s (h d)")))
 
-    def _attend_recording(self, q: Tensor, k: Tensor, v: Tensor, source_mask: Tensor) -> Tensor:
-        """The same attention with its weights written out, keeping heads [:record_heads] in `recorded`."""
+    def _attend_recording(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """The same attention (mask [B, 1 or H, 1 or S, M]) with its weights written out, keeping heads
+        [:record_heads] in `recorded`."""
         group = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)  # [B, H, S, M]
-        weights = scores.masked_fill(~source_mask[:, None, None, :], float("-inf")).softmax(dim=-1)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         self.recorded = weights[:, :self.record_heads]
         return F.dropout(weights, self.attn_dropout, self.training) @ v
 

@@ -99,14 +99,14 @@ class ContinuationWriter:
         self.emitted = b
 
 
-def generate_streaming(args, lm_model, codec, prompt: Tensor, new_frames: int, paths: list) -> int:
-    """`rvqlm generate --stream` from the parsed args: generate, write while generating, report."""
+def generate_streaming(args, lm_model, codec, prompt: Tensor, new_frames: int, paths: list,
+                       conditions: dict) -> int:
+    """`rvqlm generate --stream` from the parsed args and the conditioning keywords of lm.generate:
+    generate, write while generating, report."""
     from codec.audio import save_audio
     from lm.generate import generate
 
     t0 = prompt.shape[-1]
-    conditions = {} if lm_model.cfg.condition is None else {"text": args.text, "speaker": args.speaker,
-                                                             "cfg_scale": args.cfg}
     writer = ContinuationWriter(codec, [p.continuation for p in paths], t0)
     for p in paths:
         print(f"streaming to {p.continuation} (valid at every moment; follow it with a player)", file=sys.stderr)

@@ -518,6 +518,8 @@ def test_cli_says_a_text_in_a_voice_and_stops_by_itself(saved_pair, cond_lm, tmp
         ("cond", ("--cfg", -1), "--cfg must be a finite number >= 0"),
         ("plain", ("--text", "ahoj"), "--text: the LM"),
         ("plain", ("--speaker", "font_small", "--cfg", 2), "--speaker --cfg: the LM"),
+        ("cond", ("--text", "ahoj", "--monotonic"), "--monotonic: the LM"),
+        ("plain", ("--no-monotonic",), "--monotonic: the LM"),
     ],
 )
 def test_cli_refuses_conditions_it_cannot_take(saved_pair, cond_lm, tmp_path, capsys, which, extra, message):

@@ -125,3 +125,120 @@ def test_context_noise_replaces_codes_at_its_rate_in_training_only_and_never_spe
     c = model.loss(codes, None, cond).loss
     torch.manual_seed(2)
     assert model.loss(codes, None, cond).loss != c  # training draws noise
+
+
+# ---- monotonic reading at generation (lm.alignment.ReadingWindow) -----------------------------------
+def guided_model(**condition):
+    return cond_model(condition={"guided_attention": 1.0, "guided_heads": 2, **condition}).eval()
+
+
+def test_a_focus_limits_only_the_guided_heads_last_rows_to_a_masked_softmax():
+    model = guided_model()
+    attn = model.blocks[0].cross_attn
+    memory = model.cross_memory(inputs_of(model, ["ahoj lode", "lod"], ["font_small", "font_big"]))
+    k, v = memory.kv[0]
+    x = torch.randn(2, 5, model.cfg.d_model, dtype=torch.float64)
+    focus = torch.zeros(2, 2, memory.mask.shape[1], dtype=torch.bool)
+    focus[:, :, :4] = True  # the last two rows may see the speaker and bytes 0..2
+    attn.record_heads = 4
+    free = attn(x, k, v, memory.mask)
+    w_free = attn.recorded
+    attn.focus, attn.focus_heads = focus, 2
+    windowed = attn(x, k, v, memory.mask)
+    w = attn.recorded
+    attn.record_heads = 0
+    attn.focus_heads = 0
+    plain = attn(x, k, v, memory.mask)  # the scaled_dot_product_attention path, focus left set but unused
+    assert torch.allclose(plain, free)
+    assert torch.allclose(w[:, 2:], w_free[:, 2:]) and torch.allclose(w[:, :, :3], w_free[:, :, :3])
+    # the guided heads' last two rows: softmax over the focus alone = the free weights renormalised there
+    kept = w_free[:, :2, 3:] * focus[:, None].double()
+    assert torch.allclose(w[:, :2, 3:], kept / kept.sum(-1, keepdim=True))
+    attn.focus_heads, attn.record_heads = 2, 0
+    assert torch.allclose(attn(x, k, v, memory.mask), windowed)  # the fast path applies the same mask
+    attn.focus, attn.focus_heads = None, 0
+
+
+def reading_step(window, centre_bytes, logits):
+    """One decoder step of `window` whose guided heads all put their weight on text byte centre_bytes[r]."""
+    window.before()
+    for attn in window.attns:
+        w = torch.zeros(len(centre_bytes), window.heads, 1, window.width, dtype=torch.float64)
+        for r, c in enumerate(centre_bytes):
+            w[r, :, 0, 1 + c] = 1.0
+        attn.recorded = w
+    return window.after(logits.clone())
+
+
+def test_the_reading_position_follows_the_attention_forward_only_a_byte_a_step():
+    from lm.alignment import ReadingWindow
+
+    model = guided_model()
+    memory = model.cross_memory(inputs_of(model, ["a" * 20, None], ["font_small", "font_small"]))
+    window = ReadingWindow(model, memory, back=2, front=6, step=1.0, linger=None, patience=None)
+    logits = torch.zeros(2, 3, 1, model.cfg.n_outputs, dtype=torch.float64)
+    positions = []
+    for centre in (5, 5, 0, 0, 1, 3):  # attention jumps ahead, then back, then just past p
+        reading_step(window, [centre, 15], logits)
+        positions.append(window.pos[0].item())
+    assert positions == [1.0, 2.0, 2.0, 2.0, 2.0, 3.0]  # never more than a byte a step, never back
+    assert window.pos[1].item() == 0  # a row without a text has no position
+    focus = window.focus()
+    assert focus[0].nonzero().flatten().tolist() == [0] + [1 + j for j in range(3 - 2, 3 + 6 + 1)]
+    assert focus[1].all()  # ... and sees everything
+
+
+def test_the_end_waits_for_the_last_byte_is_forced_after_linger_and_patience_pushes_a_stuck_reader():
+    from lm.alignment import ReadingWindow
+
+    model = guided_model()
+    end = model.cfg.end_id
+    memory = model.cross_memory(inputs_of(model, ["a" * 10, None], ["font_small", "font_big"]))
+    logits = torch.zeros(2, 3, 1, model.cfg.n_outputs, dtype=torch.float64)
+    window = ReadingWindow(model, memory, back=2, front=6, step=1.0, linger=2, patience=3)
+    out = reading_step(window, [0, 0], logits)
+    assert out[0, 0, -1, end] == float("-inf") and out[1, 0, -1, end] == 0  # the text-less row is free
+    assert (out[:, 1:] == 0).all()  # only codebook 0 is touched
+    pushes = [reading_step(window, [0, 0], logits) is not None and window.pos[0].item() for _ in range(8)]
+    assert pushes == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0]  # attention stuck: a byte on after 4 (> 3) steps
+    window = ReadingWindow(model, memory, linger=2, patience=None)
+    for centre in range(3):
+        out = reading_step(window, [centre + 1, 0], logits)
+    assert window.pos[0].item() == 3 and out[0, 0, -1, end] == 0  # byte 3 + front 6 is the last byte: may end
+    out = reading_step(window, [9, 0], logits)
+    assert out[0, 0, -1, end] == 0 and torch.isfinite(out[0, 0, -1]).all()
+    out = reading_step(window, [9, 0], logits)  # the third step with the last byte in view: must end now
+    assert out[0, 0, -1, end] == 0 and torch.isinf(out[0, 0, -1, :end]).all() and out[1, 0, -1, end] == 0
+    with pytest.raises(ValueError, match="back >= 0"):
+        ReadingWindow(model, memory, back=-1)
+    with pytest.raises(ValueError, match="guided attention"):
+        ReadingWindow(cond_model().eval(), memory)
+
+
+def test_monotonic_generation_recomputed_equals_cached_and_ends_only_having_read_the_text():
+    from lm.generate import generate
+
+    model = guided_model()
+    texts, voices = ["ahoj lode, kam plujes?", "a", None], ["font_small", "font_big", "font_big"]
+    common = dict(text=texts, speaker=voices, cfg_scale=2.0, seed=3, return_lengths=True)
+    cached, n_cached = generate(model, None, 30, **common)
+    recomputed, n_recomputed = generate(model, None, 30, use_cache=False, **common)
+    assert torch.equal(cached, recomputed) and torch.equal(n_cached, n_recomputed)
+    free, _ = generate(model, None, 30, monotonic=False, **common)
+    assert not torch.equal(free, cached)  # the window changes what the guided heads read
+    assert torch.equal(cached, generate(model, None, 30, monotonic=True, **common)[0])  # on by default
+    # a text of 22 bytes read at most a byte a step: with front 6 the end cannot come before step 15
+    assert n_cached[0] >= 22 - 1 - 6
+
+
+def test_monotonic_reading_is_refused_where_there_are_no_reading_heads_and_off_by_default_there():
+    from lm.generate import generate
+
+    unguided = cond_model().eval()
+    with pytest.raises(ValueError, match="guided attention"):
+        generate(unguided, None, 3, text="a", monotonic=True)
+    common = dict(text="ahoj", speaker="font_small", seed=0)
+    assert torch.equal(generate(unguided, None, 8, **common), generate(unguided, None, 8, monotonic=False, **common))
+    plain = MultiCodebookLM(LMConfig(n_codebooks=3, codebook_size=16, d_model=32, n_layers=1, n_heads=4))
+    with pytest.raises(ValueError, match="this LM is not conditioned"):
+        generate(plain, None, 3, monotonic=True)

@@ -14,7 +14,9 @@ that picks which sampled codes a step keeps (MaskGIT's; default 4.5; 0: the most
 
 A conditioned LM reads --text (UTF-8, up to its text_max_bytes) and --speaker (a name from its
 table) with classifier-free guidance --cfg (default 3; 1 = no guidance), and stops by itself at
-its end-of-audio token; --seconds is then the longest it may speak.
+its end-of-audio token; --seconds is then the longest it may speak. An LM trained with guided
+attention reads the text in order, start to end, and ends only once it has read it all
+(lm.alignment.ReadingWindow; --no-monotonic leaves its attention free).
 
 The prompt is encoded by the codec into frames of N_c codes, the LM continues them (lm.generate:
 the codebook pattern it was trained with, a preallocated KV cache), and the codec decodes prompt +
@@ -49,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--speaker", default=None, help="who says it: a speaker name from the conditioned LM's table")
     p.add_argument("--cfg", type=float, default=None, metavar="S",
                    help="classifier-free guidance scale, >= 0 (default 3 with --text/--speaker; 1 = none)")
+    p.add_argument("--monotonic", action=argparse.BooleanOptionalAction, default=None,
+                   help="read the text in order through a moving window (default: on for an LM trained with "
+                        "guided attention)")
     p.add_argument("--out", required=True, metavar="OUT.wav", help="output file (see above for the names)")
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (> 0; default 1.0)")
     p.add_argument("--top-k", type=int, default=250, help="keep the k most probable codes (default 250)")
@@ -139,18 +144,28 @@ def check_pair(lm_model, codec) -> None:
 
 
 def check_condition(args: argparse.Namespace, lm_model) -> None:
-    """Refuse --text / --speaker / --cfg an LM cannot take, naming what it allows (ValueError)."""
-    asked = [f"--{name}" for name in ("text", "speaker", "cfg") if getattr(args, name) is not None]
+    """Refuse --text / --speaker / --cfg / --monotonic an LM cannot take, naming what it allows (ValueError)."""
+    asked = [f"--{name}" for name in ("text", "speaker", "cfg", "monotonic") if getattr(args, name) is not None]
     cond = lm_model.cfg.condition
     if cond is None:
         if asked:
             raise ValueError(f"{' '.join(asked)}: the LM {args.lm} is not conditioned (no condition encoder); "
                              "it takes only --prompt and the sampling options")
         return
+    if args.monotonic and not cond.guided:
+        raise ValueError(f"--monotonic: the LM {args.lm} was not trained with guided attention, so it has no "
+                         "reading heads to window; leave it out")
     try:
         lm_model.condition_inputs(args.text, args.speaker, 1)
     except ValueError as e:
         raise ValueError(f"{e} (--text / --speaker)") from None
+
+
+def condition_options(args: argparse.Namespace, lm_model) -> dict:
+    """The conditioning keywords of lm.generate.generate for a conditioned LM (none for an unconditioned one)."""
+    if lm_model.cfg.condition is None:
+        return {}
+    return {"text": args.text, "speaker": args.speaker, "cfg_scale": args.cfg, "monotonic": args.monotonic}
 
 
 def check_family(args: argparse.Namespace, lm_model) -> None:
@@ -164,7 +179,8 @@ def check_family(args: argparse.Namespace, lm_model) -> None:
     from lm.masked_generate import steps_per_level
 
     steps_per_level(args.steps, lm_model.cfg.n_codebooks)
-    for flag, given in (("--stream", args.stream), ("--no-cache", args.no_cache)):
+    for flag, given in (("--stream", args.stream), ("--no-cache", args.no_cache),
+                        ("--monotonic / --no-monotonic", args.monotonic is not None)):
         if given:
             raise ValueError(f"{flag} is for an autoregressive LM; {args.lm} is a masked LM (whole windows at once)")
 
@@ -215,12 +231,13 @@ def _generate(args: argparse.Namespace) -> int:
         from rvqlm.stream_generate import generate_streaming
 
         return generate_streaming(args, lm_model, codec, prompt, new_frames,
-                                  output_paths(args.out, args.num_samples, args.prompt is not None))
+                                  output_paths(args.out, args.num_samples, args.prompt is not None),
+                                  condition_options(args, lm_model))
 
     start = time.perf_counter()
-    conditions = {} if lm_model.cfg.condition is None else {"text": args.text, "speaker": args.speaker,
-                                                             "cfg_scale": args.cfg}
+    conditions = condition_options(args, lm_model)
     if lm_model.cfg.family == "masked":
+        conditions.pop("monotonic", None)
         codes = lm_model.generate(prompt, new_frames, steps=args.steps, temperature=args.temperature,
                                   top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed,
                                   window=args.window, choice_temperature=args.choice_temperature,
