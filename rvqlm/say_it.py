@@ -97,7 +97,9 @@ def say_it_clips(codec, lm_dir: str | Path, corpus: str | Path, n: int, out: Pat
         return SayIt(why_not)
     wall = time.perf_counter()
     done = SayIt(f"Held-out lines of the test split, each generated from its text alone (no audio prompt) in "
-                 f"both voices by {Path(lm_dir).name}, classifier-free guidance {cfg_scale:g}, plain sampling; "
+                 f"both voices by {Path(lm_dir).name}, classifier-free guidance {cfg_scale:g}, "
+                 f"{'reading the text in order (monotonic reading), ' if model.cfg.condition.guided else ''}"
+                 "plain sampling; "
                  "the real recording first. Intelligibility is not expected from 75 minutes of speech.")
     for i, (path, text, speaker) in enumerate(lines):
         clips, rows = _say_line(model, codec, path, text, speaker, f"sayit{i + 1}", out, cfg_scale, seed + i)
