@@ -95,7 +95,7 @@ class ReadingWindow:
     Coqui TTS's `windowing`). Each row with a text keeps a reading position p (in bytes): the guided heads
     of every cross-attention see only the speaker and text bytes p - back .. p + front. p follows their
     attention's centre but never moves back nor more than `step` bytes a decoder step, and is pushed on a
-    byte when it has crossed none for over `patience` steps (None: never). Codebook 0 may choose the end only
+    byte when it has crossed none for over `patience` steps (None: never), and never past the last byte. Codebook 0 may choose the end only
     once the window holds the text's last byte, and must `linger` steps later (None: never forced). Rows
     without a text (the null rows of guidance included) are left free.
 
@@ -151,7 +151,8 @@ class ReadingWindow:
         if self.patience is not None:
             pushed = self.still > self.patience
             moved, self.still = torch.where(pushed, moved.floor() + 1, moved), torch.where(pushed, 0, self.still)
-        self.pos = torch.where(self.text_len > 0, moved, torch.zeros_like(moved))
+        last = (self.text_len - 1).clamp_min(0).to(moved.dtype)
+        self.pos = torch.where(self.text_len > 0, torch.minimum(moved, last), torch.zeros_like(moved))
         reached = (self.pos.floor() + self.front >= self.text_len - 1) & (self.text_len > 0)
         self.at_end = torch.where(reached, self.at_end + 1, 0)
         rows = logits.shape[0]

@@ -209,6 +209,10 @@ def test_the_end_waits_for_the_last_byte_is_forced_after_linger_and_patience_pus
     assert out[0, 0, -1, end] == 0 and torch.isfinite(out[0, 0, -1]).all()
     out = reading_step(window, [9, 0], logits)  # the third step with the last byte in view: must end now
     assert out[0, 0, -1, end] == 0 and torch.isinf(out[0, 0, -1, :end]).all() and out[1, 0, -1, end] == 0
+    window = ReadingWindow(model, memory, linger=None, patience=0)  # pushed every step, never past the text
+    for _ in range(15):
+        reading_step(window, [9, 0], logits)
+    assert window.pos[0].item() == 9
     with pytest.raises(ValueError, match="back >= 0"):
         ReadingWindow(model, memory, back=-1)
     with pytest.raises(ValueError, match="guided attention"):
