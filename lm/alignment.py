@@ -94,10 +94,10 @@ class ReadingWindow:
     """Monotonic reading while generating (attention windowing: DC-TTS's forcibly incremental attention,
     Coqui TTS's `windowing`). Each row with a text keeps a reading position p (in bytes): the guided heads
     of every cross-attention see only the speaker and text bytes p - back .. p + front. p follows their
-    attention's centre but never moves back nor more than `step` bytes a decoder step, and is pushed on a
-    byte when it has crossed none for over `patience` steps (None: never), and never past the last byte. Codebook 0 may choose the end only
-    once the window holds the text's last byte, and must `linger` steps later (None: never forced). Rows
-    without a text (the null rows of guidance included) are left free.
+    attention's centre but never moves back, nor more than `step` bytes a decoder step, nor past the last
+    byte, and is pushed on a byte when it has crossed none for over `patience` steps (None: never).
+    Codebook 0 may choose the end only once the window holds the text's last byte, and must `linger`
+    steps later (None: never forced). Rows without a text (the null rows of guidance included) are free.
 
     Call `before(n)` ahead of each decoder forward over n positions and `after(logits)` on its logits."""
 
