@@ -305,7 +305,9 @@ def run(args) -> dict:
         t0 = time.perf_counter()
         clips = generated_clips(model, codec, texts, voices, scale, max_frames, args.seed, args.monotonic)
         sweep[f"{scale:g}"] = {**summarize(clips, real, voices), "seconds_taken": time.perf_counter() - t0}
-    monotonic = model.cfg.condition.guided if args.monotonic is None else args.monotonic
+    from lm.alignment import reads_in_order
+
+    monotonic = reads_in_order(model.cfg, args.monotonic)
     return {"gain": gain, "lines": [files.relpaths[i] for i in lines], "texts": texts, "monotonic": monotonic,
             "max_generated_seconds": max_frames / codec.frame_rate, "sweep": sweep,
             "real": {"dnsmos": mean_se(real["dnsmos"])[:2], "recon_dnsmos": mean_se(real["recon_dnsmos"])[:2],

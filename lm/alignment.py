@@ -90,6 +90,15 @@ def noisy_context(inputs: Tensor, rate: float, codebook_size: int) -> Tensor:
     return torch.where(noise, torch.randint_like(inputs, codebook_size), inputs)
 
 
+def reads_in_order(cfg, monotonic: bool | None) -> bool:
+    """Whether generation with a conditioned LM config uses the ReadingWindow: `monotonic`, or by default
+    exactly when the LM was trained with guided attention (ValueError: asked for without guided heads)."""
+    if monotonic and not cfg.condition.guided:
+        raise ValueError("monotonic reading needs an LM trained with guided attention (condition.guided_attention "
+                         "> 0): this one was not, so leave monotonic unset")
+    return cfg.condition.guided if monotonic is None else bool(monotonic)
+
+
 class ReadingWindow:
     """Monotonic reading while generating (attention windowing: DC-TTS's forcibly incremental attention,
     Coqui TTS's `windowing`). Each row with a text keeps a reading position p (in bytes): the guided heads
@@ -151,8 +160,8 @@ class ReadingWindow:
         if self.patience is not None:
             pushed = self.still > self.patience
             moved, self.still = torch.where(pushed, moved.floor() + 1, moved), torch.where(pushed, 0, self.still)
-        last = (self.text_len - 1).clamp_min(0).to(moved.dtype)
-        self.pos = torch.where(self.text_len > 0, torch.minimum(moved, last), torch.zeros_like(moved))
+        last_byte = (self.text_len - 1).clamp_min(0).to(moved.dtype)
+        self.pos = torch.where(self.text_len > 0, torch.minimum(moved, last_byte), torch.zeros_like(moved))
         reached = (self.pos.floor() + self.front >= self.text_len - 1) & (self.text_len > 0)
         self.at_end = torch.where(reached, self.at_end + 1, 0)
         rows = logits.shape[0]

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import torch
 from torch import Tensor
 
+from lm.alignment import reads_in_order
 from lm.config import LMConfig
 from lm.end_of_audio import EndTracker
 from lm.guidance import ConditionedDecoder
@@ -295,11 +296,8 @@ def _bind_conditions(model, text, speaker, cfg_scale: float | None, monotonic: b
     monotonic reading: default on where the LM was trained with guided attention)."""
     given = text is not None or speaker is not None
     scale = cfg_scale if cfg_scale is not None else 3.0 if given else 1.0
-    if monotonic and not model.cfg.condition.guided:
-        raise ValueError("monotonic reading needs an LM trained with guided attention (condition.guided_attention "
-                         "> 0): this one was not, so leave monotonic unset")
-    reading = model.cfg.condition.guided if monotonic is None else bool(monotonic)
-    return ConditionedDecoder(model, model.condition_inputs(text, speaker, plan.seq.shape[0]), scale, reading)
+    return ConditionedDecoder(model, model.condition_inputs(text, speaker, plan.seq.shape[0]), scale,
+                              reads_in_order(model.cfg, monotonic))
 
 
 def _rows_asked(text, speaker, batch_size: int) -> int:

@@ -83,6 +83,7 @@ def say_it_clips(codec, lm_dir: str | Path, corpus: str | Path, n: int, out: Pat
     `lm_dir` and decoded by `codec`, written under `out` (audio/sayitI-*.wav, img/sayitI-*.png); `say`
     gets the hint when the section is left out, or the time it took."""
     from lm import MultiCodebookLM
+    from lm.alignment import reads_in_order
 
     why_not = "“Say it” left out (0 lines asked for)." if n < 1 else conditioned_lm_hint(lm_dir, codec)
     model = None
@@ -98,7 +99,7 @@ def say_it_clips(codec, lm_dir: str | Path, corpus: str | Path, n: int, out: Pat
     wall = time.perf_counter()
     done = SayIt(f"Held-out lines of the test split, each generated from its text alone (no audio prompt) in "
                  f"both voices by {Path(lm_dir).name}, classifier-free guidance {cfg_scale:g}, "
-                 f"{'reading the text in order (monotonic reading), ' if model.cfg.condition.guided else ''}"
+                 f"{'reading the text in order (monotonic reading), ' if reads_in_order(model.cfg, None) else ''}"
                  "plain sampling; "
                  "the real recording first. Intelligibility is not expected from 75 minutes of speech.")
     for i, (path, text, speaker) in enumerate(lines):

@@ -162,10 +162,12 @@ def check_condition(args: argparse.Namespace, lm_model) -> None:
 
 
 def condition_options(args: argparse.Namespace, lm_model) -> dict:
-    """The conditioning keywords of lm.generate.generate for a conditioned LM (none for an unconditioned one)."""
+    """The conditioning keywords of the LM's generate (none for an unconditioned LM; no reading window for a
+    masked one)."""
     if lm_model.cfg.condition is None:
         return {}
-    return {"text": args.text, "speaker": args.speaker, "cfg_scale": args.cfg, "monotonic": args.monotonic}
+    reading = {} if lm_model.cfg.family == "masked" else {"monotonic": args.monotonic}
+    return {"text": args.text, "speaker": args.speaker, "cfg_scale": args.cfg, **reading}
 
 
 def check_family(args: argparse.Namespace, lm_model) -> None:
@@ -237,7 +239,6 @@ def _generate(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     conditions = condition_options(args, lm_model)
     if lm_model.cfg.family == "masked":
-        conditions.pop("monotonic", None)
         codes = lm_model.generate(prompt, new_frames, steps=args.steps, temperature=args.temperature,
                                   top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed,
                                   window=args.window, choice_temperature=args.choice_temperature,
