@@ -23,7 +23,9 @@ text and speaker); --corpus: the audio folder it came from (the real recordings)
    against the median over that speaker's real recordings of the chosen lines, in semitones, and
    the distance between the two generated voices against the real one.
 3. Length. Pearson r between each line's real duration and the duration generated for its text in
-   the line's own voice (a row that never chose its end stops at --max-seconds: counted).
+   the line's own voice (a row that never chose its end stops at --max-seconds: counted), beside
+   the r of the real durations against the texts' byte counts alone; with the reading window, how
+   many of the bytes it crossed were pushes and how many ends it forced (the rest: the model's).
 4. CFG sweep. DNSMOS OVRL of the generated clips at each scale, next to the chosen lines' real
    recordings and their codec reconstructions (decoded from the token folder).
 """
@@ -34,10 +36,12 @@ import argparse
 import math
 import platform
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from rvqlm.cli import run_script
 
@@ -181,16 +185,59 @@ def clip_scores(wav: np.ndarray, sample_rate: int) -> tuple[float, float]:
     return median, dnsmos(wav, sample_rate)["dnsmos_ovrl"]
 
 
+@contextmanager
+def logged_reading():
+    """While open, every lm.alignment.ReadingWindow that lm.guidance makes logs each step's bytes crossed,
+    push and forced end ([R] each); yields the list of windows made."""
+    import lm.guidance as guidance
+
+    made = []
+
+    class Logged(guidance.ReadingWindow):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.log: list[tuple[Tensor, Tensor, Tensor]] = []
+            made.append(self)
+
+        def after(self, logits: Tensor) -> Tensor:
+            before = self.pos.floor()
+            out = super().after(logits)
+            self.log.append((self.pos.floor() - before, self.pushed.clone(), self.forced.clone()))
+            return out
+
+    plain, guidance.ReadingWindow = guidance.ReadingWindow, Logged
+    try:
+        yield made
+    finally:
+        guidance.ReadingWindow = plain
+
+
+def reading_summary(window, lengths: Tensor, max_frames: int) -> dict:
+    """Of each row's steps up to the one that chose its end (step = its length): the bytes the reading
+    position crossed and how many of them were pushes, and how the rows ended (forced, chosen, capped)."""
+    crossed, pushed, forced = (torch.stack([step[k] for step in window.log], 1)[:len(lengths)] for k in range(3))
+    live = torch.arange(crossed.shape[1])[None] <= lengths[:, None]
+    ended = lengths < max_frames
+    at_end = forced.gather(1, lengths.clamp_max(crossed.shape[1] - 1)[:, None])[:, 0] & ended
+    bytes_crossed = float((crossed * live).sum())
+    return {"bytes_crossed": bytes_crossed, "pushed_share": float((pushed & live).sum()) / max(bytes_crossed, 1.0),
+            "ends_forced": int(at_end.sum()), "ends_chosen": int((ended & ~at_end).sum()),
+            "capped": int((~ended).sum())}
+
+
 def generated_clips(model, codec, texts: list[str], voices: tuple[str, str], scale: float, max_frames: int,
-                    seed: int, monotonic: bool | None = None) -> list[Clip]:
+                    seed: int, monotonic: bool | None = None) -> tuple[list[Clip], dict | None]:
     """Every text in every voice, generated at guidance `scale` in one batched call and decoded
-    (monotonic: lm.generate's reading window; None: the LM's default)."""
+    (monotonic: lm.generate's reading window; None: the LM's default) -> clips, the reading summary
+    (None without the window)."""
     from lm.generate import generate
 
     rows = [(i, v) for i in range(len(texts)) for v in voices]
-    codes, lengths = generate(model, None, max_frames, text=[texts[i] for i, _ in rows],
-                              speaker=[v for _, v in rows], cfg_scale=scale, return_lengths=True, seed=seed,
-                              monotonic=monotonic)
+    with logged_reading() as windows:
+        codes, lengths = generate(model, None, max_frames, text=[texts[i] for i, _ in rows],
+                                  speaker=[v for _, v in rows], cfg_scale=scale, return_lengths=True, seed=seed,
+                                  monotonic=monotonic)
+    reading = reading_summary(windows[-1], lengths, max_frames) if windows else None
     clips = []
     for r, (i, v) in enumerate(rows):
         n = int(lengths[r])
@@ -200,7 +247,7 @@ def generated_clips(model, codec, texts: list[str], voices: tuple[str, str], sca
                 wav = codec.decode(codes[r:r + 1, :, :n])[0, 0].float().cpu().numpy()
         f0, ovrl = clip_scores(wav, codec.sample_rate)
         clips.append(Clip(i, v, n / codec.frame_rate, n < max_frames, f0, ovrl))
-    return clips
+    return clips, reading
 
 
 def pick_lines(files, voices: tuple[str, str], n: int) -> list[int]:
@@ -303,12 +350,15 @@ def run(args) -> dict:
     sweep = {}
     for scale in args.cfg:
         t0 = time.perf_counter()
-        clips = generated_clips(model, codec, texts, voices, scale, max_frames, args.seed, args.monotonic)
-        sweep[f"{scale:g}"] = {**summarize(clips, real, voices), "seconds_taken": time.perf_counter() - t0}
+        clips, reading = generated_clips(model, codec, texts, voices, scale, max_frames, args.seed, args.monotonic)
+        sweep[f"{scale:g}"] = {**summarize(clips, real, voices), "reading": reading,
+                               "seconds_taken": time.perf_counter() - t0}
     from lm.alignment import reads_in_order
 
     monotonic = reads_in_order(model.cfg, args.monotonic)
+    bytes_r = pearson(real["seconds"], [len(t.encode("utf-8")) for t in texts])
     return {"gain": gain, "lines": [files.relpaths[i] for i in lines], "texts": texts, "monotonic": monotonic,
+            "real_seconds_vs_text_bytes_r": bytes_r,
             "max_generated_seconds": max_frames / codec.frame_rate, "sweep": sweep,
             "real": {"dnsmos": mean_se(real["dnsmos"])[:2], "recon_dnsmos": mean_se(real["recon_dnsmos"])[:2],
                      "mean_seconds": mean_se(real["seconds"])[0]}}
@@ -337,6 +387,14 @@ def report_lines(result: dict, voices: tuple[str, str]) -> list[str]:
                + ", ".join(f"{v} {any_scale['voices'][v]['real_median_f0']:.0f} Hz" for v in voices)
                + f"; DNSMOS {real['dnsmos'][0]:.2f} ± {real['dnsmos'][1]:.2f}, codec reconstruction "
                f"{real['recon_dnsmos'][0]:.2f} ± {real['recon_dnsmos'][1]:.2f}")
+    out.append("   the real durations against the texts' byte counts alone: "
+               f"r {result['real_seconds_vs_text_bytes_r']:.2f}")
+    for scale, s in result["sweep"].items():
+        if s["reading"] is not None:
+            r = s["reading"]
+            out.append(f"   reading window, cfg {scale}: {r['bytes_crossed']:.0f} bytes crossed, "
+                       f"{r['pushed_share']:.0%} of them by pushes; ends chosen {r['ends_chosen']}, "
+                       f"forced {r['ends_forced']}, capped {r['capped']}")
     return out
 
 

@@ -129,6 +129,8 @@ class ReadingWindow:
         self.at_end = torch.zeros(len(self.text_len), dtype=torch.long, device=self.text_len.device)  # [R] steps
         self.still = torch.zeros_like(self.at_end)  # [R] steps since the position last crossed a byte
         self.history: list[Tensor] = []  # each decoder step's focus [R, M], for forwards that recompute
+        self.pushed = torch.zeros_like(self.at_end, dtype=torch.bool)  # [R] the last step pushed the position
+        self.forced = torch.zeros_like(self.pushed)  # [R] the last step forced the end
 
     def focus(self) -> Tensor:
         """[R, M] bool: the speaker and the bytes in each row's window (everything for rows without a text)."""
@@ -158,15 +160,17 @@ class ReadingWindow:
         moved = torch.minimum(torch.maximum(self.pos, centre), self.pos + self.step)
         self.still = torch.where(moved.floor() > self.pos.floor(), 0, self.still + 1)
         if self.patience is not None:
-            pushed = self.still > self.patience
-            moved, self.still = torch.where(pushed, moved.floor() + 1, moved), torch.where(pushed, 0, self.still)
+            self.pushed = self.still > self.patience
+            moved = torch.where(self.pushed, moved.floor() + 1, moved)
+            self.still = torch.where(self.pushed, 0, self.still)
         last_byte = (self.text_len - 1).clamp_min(0).to(moved.dtype)
         self.pos = torch.where(self.text_len > 0, torch.minimum(moved, last_byte), torch.zeros_like(moved))
         reached = (self.pos.floor() + self.front >= self.text_len - 1) & (self.text_len > 0)
         self.at_end = torch.where(reached, self.at_end + 1, 0)
+        if self.linger is not None:
+            self.forced = self.at_end > self.linger
         rows = logits.shape[0]
-        barred = ~reached[:rows] & (self.text_len[:rows] > 0)
-        forced = (self.at_end[:rows] > self.linger) if self.linger is not None else torch.zeros_like(barred)
+        barred, forced = ~reached[:rows] & (self.text_len[:rows] > 0), self.forced[:rows]
         if self.end_id is None or not bool((barred | forced).any()):
             return logits
         logits = logits.clone()

@@ -75,6 +75,22 @@ def setup(tmp_path_factory):
     return root, codec, model, shards
 
 
+def test_the_reading_summary_counts_each_row_up_to_the_step_of_its_end():
+    """Three rows of a 6-step log: ended at step 3 (chosen), at step 2 (forced there), and capped at 6 frames;
+    what a row's window does after its end is not counted."""
+    from types import SimpleNamespace
+
+    t, f = True, False
+    crossed = [[1, 0, 1], [0, 1, 1], [1, 0, 0], [0, 9, 1], [9, 9, 0], [9, 9, 1]]
+    pushed = [[f, f, f], [f, t, f], [t, f, f], [f, t, f], [t, t, f], [t, t, t]]
+    forced = [[f, f, f], [f, f, f], [f, t, f], [f, t, f], [t, t, f], [t, t, f]]
+    window = SimpleNamespace(log=[(torch.tensor(c, dtype=torch.float32), torch.tensor(p), torch.tensor(e))
+                                  for c, p, e in zip(crossed, pushed, forced)])
+    summary = bench.reading_summary(window, torch.tensor([3, 2, 6]), max_frames=6)
+    # row 0, steps 0-3: 2 bytes, 1 push; row 1, steps 0-2: 1 byte, 1 push; row 2, steps 0-5: 4 bytes, 1 push
+    assert summary == {"bytes_crossed": 7.0, "pushed_share": 3 / 7, "ends_forced": 1, "ends_chosen": 1, "capped": 1}
+
+
 def test_nll_by_file_is_the_models_loss_with_the_text_on_the_first_window_only(setup):
     root, _, model, shards = setup
     entries = [i for i, e in enumerate(shards.entries) if e.path.startswith("test/")]
