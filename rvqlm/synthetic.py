@@ -9,6 +9,10 @@ Layout written (the built-in corpus's, so every corpus reader takes it)::
     OUT/{train,valid,test}/LEVEL/NAME.wav          the built-in corpus's files (decoded again)
     OUT/{train,valid}/VOICE/LEVEL-NAME.wav         the same line in a synthetic voice
     OUT/{train,valid,test}/metadata.jsonl          text, text_en and speaker (VOICE for synthetic files)
+
+A synthetic file's row also holds `alignment`, where in its text each moment is
+(`rvqlm.espeak_align`: [[seconds, byte], ...] from espeak-ng's own events), which a conditioned LM's
+guided attention follows in training instead of the diagonal.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import subprocess
 from pathlib import Path
 
 import soundfile as sf
+from tqdm import tqdm
 import torch
 import torchaudio
 
 from codec.audio import AudioError, load_audio
+from rvqlm.espeak_align import alignment
 from rvqlm.corpus import DEFAULT_CORPUS_DIR, METADATA, SPLITS, CorpusError, CorpusFile, _read_meta, _write_if_changed, \
     write_corpus
 
@@ -85,6 +91,8 @@ def prepare_synthetic(out_dir: str | os.PathLike = DEFAULT_SYNTHETIC_DIR, corpus
                 "voices": {v: list(VOICES[v]) for v in voices}, "version": SYNTHETIC_VERSION}
     files = [CorpusFile(e["split"], e["level"], corpus / e["path"], e["path"]) for e in meta["files"]]
     spoken, out_rows = {}, {split: list(rows[split]) for split in SPLITS}
+    known = {(split, r["file_name"], r.get("text")): r["alignment"] for split in SPLITS
+             for r in _rows(out, split) if r.get("alignment")}
     for split in ("train", "valid"):
         for row in rows[split]:
             if not row.get("text"):
@@ -94,8 +102,14 @@ def prepare_synthetic(out_dir: str | os.PathLike = DEFAULT_SYNTHETIC_DIR, corpus
                 source = Path("espeak-ng") / relpath
                 spoken[source] = (row["text"], voice)
                 files.append(CorpusFile(split, voice, source, relpath))
-                out_rows[split].append({"file_name": relpath.split("/", 1)[1], "text": row["text"],
-                                        "text_en": row.get("text_en", ""), "speaker": voice})
+                name = relpath.split("/", 1)[1]
+                out_rows[split].append({"file_name": name, "text": row["text"], "text_en": row.get("text_en", ""),
+                                        "speaker": voice, "alignment": known.get((split, name, row["text"]))})
+
+    todo = [r for split in ("train", "valid") for r in out_rows[split] if r.get("speaker") in VOICES
+            and r["alignment"] is None]
+    for r in tqdm(todo, desc="aligning synthetic lines", unit="line", disable=not progress or not todo):
+        r["alignment"] = alignment(r["text"], *VOICES[r["speaker"]])
 
     def decode(source: Path, sample_rate: int) -> torch.Tensor:
         if source in spoken:
