@@ -52,6 +52,7 @@ class ConditionConfig:
     guided_attention: float = 0.0  # weight of the guided-attention loss in training (lm.alignment); 0: none
     guided_sigma: float = 0.2  # its width g, in fractions of the text and of the audio
     guided_heads: int = 2  # the first guided_heads cross-attention heads of every decoder layer are guided
+    guided_sigma_bytes: float = 3.0  # the width, in bytes, around a known alignment (data metadata `alignment`)
     context_noise: float = 0.0  # training: each input code replaced by a random one at this rate (Tacotron's
     # prenet-dropout bottleneck: an unreliable audio history makes the decoder lean on its text)
 
@@ -68,9 +69,9 @@ class ConditionConfig:
         for name in ("text_dropout", "speaker_dropout", "context_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"condition.{name} must be in [0, 1], got {getattr(self, name)!r}")
-        if not self.guided_attention >= 0.0 or not self.guided_sigma > 0.0:
-            raise ValueError(f"condition.guided_attention must be >= 0 and guided_sigma > 0, got "
-                             f"{self.guided_attention!r} and {self.guided_sigma!r}")
+        if not self.guided_attention >= 0.0 or not self.guided_sigma > 0.0 or not self.guided_sigma_bytes > 0.0:
+            raise ValueError(f"condition.guided_attention must be >= 0, guided_sigma and guided_sigma_bytes > 0, got "
+                             f"{self.guided_attention!r}, {self.guided_sigma!r} and {self.guided_sigma_bytes!r}")
 
     @property
     def guided(self) -> bool:

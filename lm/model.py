@@ -391,7 +391,7 @@ class MultiCodebookLM(nn.Module):
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 logits: CE in fp32
         nll = F.cross_entropy(rearrange(logits, "b c s v -> (b c s) v"), seq.masked_fill(~valid, -100).flatten(),
                               ignore_index=-100, reduction="none")
-        guided = guided_attention_loss(recorded, memory, ends, valid, cfg.condition.guided_sigma) if guide else None
+        guided = guided_attention_loss(recorded, memory, ends, valid, cfg.condition, condition) if guide else None
         return nll.view_as(seq), valid, guided
 
     def loss(self, codes: Tensor, frame_mask: Tensor | None = None, condition: ConditionInputs | None = None,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lm import LMConfig, MultiCodebookLM
-from lm.alignment import forward_recording, guide_penalty, noisy_context, off_diagonal_mass
+from lm.alignment import forward_recording, guide_penalty, guided_attention_loss, noisy_context, off_diagonal_mass
 from test_lm_conditioning import cond_cfg, cond_model, inputs_of
 
 
@@ -246,3 +246,50 @@ def test_monotonic_reading_is_refused_where_there_are_no_reading_heads_and_off_b
     plain = MultiCodebookLM(LMConfig(n_codebooks=3, codebook_size=16, d_model=32, n_layers=1, n_heads=4))
     with pytest.raises(ValueError, match="this LM is not conditioned"):
         generate(plain, None, 3, monotonic=True)
+
+
+def test_a_known_alignment_centres_the_penalty_on_the_byte_said_and_unknown_rows_keep_the_diagonal():
+    """Where positions a_s are known: W[s, j] = 1 - exp(-(j + 1/2 - a_s)^2 / (2 g_b^2)); step s reads frame
+    s, steps past the last frame its byte; NaN rows are the diagonal's W."""
+    g, gb, text_len, seq_len, n_pos, width = 0.3, 2.0, torch.tensor([6, 6]), torch.tensor([7, 7]), 7, 8
+    a = torch.tensor([[0.5, 0.5, 2.0, 4.0, 5.5], [math.nan] * 5])
+    w = guide_penalty(text_len, seq_len, n_pos, width, g, a, gb)
+    diagonal = guide_penalty(text_len, seq_len, n_pos, width, g)
+    assert torch.equal(w[1], diagonal[1])
+    for s in range(n_pos):
+        assert w[0, s, 0] == 1.0 and (w[0, s, 7:] == 0).all()
+        centre = float(a[0, min(s, 4)])
+        for j in range(6):
+            want = 1 - math.exp(-((j + 0.5 - centre) ** 2) / (2 * gb * gb))
+            assert w[0, s, 1 + j].item() == pytest.approx(want, abs=1e-6)
+
+
+def test_reading_at_the_true_pace_beats_the_diagonal_where_the_alignment_is_known():
+    """A line that lingers on its first byte: attention that follows the alignment costs least, the
+    even diagonal costs more; a row with an alignment is guided without holding its file's end."""
+    L, S, g, gb = 8, 32, 0.2, 1.0
+    pace = torch.tensor([[min(8.0, 0.5 + max(0, s - 16) / 2) for s in range(S)]])  # silent half, then read
+    follows = one_hot_maps(L, S, lambda s: 1 + min(L - 1, int(pace[0, s])))
+    diagonal = one_hot_maps(L, S, lambda s: 1 + (s * L) // S)
+    args = (torch.tensor([L]), torch.tensor([S]), torch.tensor([True]), g, pace, gb)
+    assert off_diagonal_mass([follows], *args).item() < 0.15 < off_diagonal_mass([diagonal], *args).item()
+    cfg = cond_cfg(condition={"guided_attention": 1.0, "guided_sigma": g, "guided_sigma_bytes": gb}).condition
+    memory = type("Memory", (), {"text_len": torch.tensor([L])})()
+    valid = torch.ones(1, 3, S, dtype=torch.bool)
+    condition = type("Inputs", (), {"positions": pace})()
+    assert guided_attention_loss([diagonal], memory, torch.tensor([False]), valid, cfg, condition).item() == \
+        pytest.approx(off_diagonal_mass([diagonal], *args).item())
+    assert guided_attention_loss([diagonal], memory, torch.tensor([False]), valid, cfg, None).item() == 0.0
+
+
+def test_training_batches_pass_their_positions_to_the_guided_loss():
+    model = cond_model(condition={"guided_attention": 1.0, "guided_heads": 2}).train()
+    codes = torch.randint(0, 16, (2, 3, 9))
+    cond = inputs_of(model, ["ahoj", "lod"], ["font_small", "font_big"])
+    ends = torch.tensor([False, False])
+    torch.manual_seed(0)
+    assert model.loss(codes, None, cond, ends).guide.item() == 0.0  # no end, no alignment: nothing known
+    cond.positions = torch.linspace(0, 4, 9)[None].repeat(2, 1)
+    assert model.loss(codes, None, cond.nulled(model.cfg.condition.null_speaker, torch.tensor([True, True])),
+                      ends).guide.item() == 0.0  # dropped texts are not guided
+    assert model.loss(codes, None, cond, ends).guide.item() > 0.0

@@ -220,3 +220,44 @@ def test_datamodule_errors_are_clear(tmp_path, tokens):
         flat = tmp_path / "flat"
         write_token_corpus(flat, {"a.wav": np.zeros((20, 3), np.int64)}, codec_meta())
         TokenDataModule(str(flat))
+
+
+# ---- alignments -------------------------------------------------------------------------------------
+
+def test_positions_are_the_alignment_at_each_frame_centre_and_unknown_elsewhere(tmp_path):
+    """An `alignment` ([[seconds, byte], ...]) becomes the byte said at each frame centre (t + 1/2) / rate,
+    held at the text's end past its last anchor; windows inside a file or files without one get NaN."""
+    rng = np.random.default_rng(0)
+    arrays = {"train/a.wav": learnable_tokens(40, rng), "train/b.wav": learnable_tokens(30, rng)}
+    meta = {"train/a.wav": {"text": "ahoj lode", "speaker": "x", "alignment": [[0, 0], [0.2, 4], [0.5, 9]]},
+            "train/b.wav": {"text": "bez", "speaker": "x"}}
+    write_token_corpus(tmp_path / "tok", arrays, codec_meta(), metadata=meta)
+    files = TokenFiles.of_split(tmp_path / "tok", "train")
+    a, b = files.entry_indices
+    out = files.conditions([(a, 0, 40), (b, 0, 30), (a, 10, 20)], 48)
+    centres = (np.arange(48) + 0.5) / 50.0
+    want = np.where(centres < 0.2, centres / 0.2 * 4, np.minimum(4 + (centres - 0.2) / 0.3 * 5, 9))
+    assert out["positions"].shape == (3, 48)
+    assert np.allclose(out["positions"][0].numpy(), want, atol=1e-5)
+    assert out["positions"][1:].isnan().all()
+
+
+@pytest.mark.parametrize("bad", [[[0, 0]], [[0, 0], [0.1, 3], [0.05, 4]], [[0, 0], [0.1, 3], [0.2, 2]],
+                                 "soon", [[0, 0], [0.1, "x"]], [[0, 0, 1], [1, 2, 3]], [[0, 0], [0.1, 2]]])
+def test_a_bad_alignment_is_refused_naming_the_file(tmp_path, bad):
+    arrays = {"train/a.wav": learnable_tokens(20, np.random.default_rng(0))}
+    write_token_corpus(tmp_path / "tok", arrays, codec_meta(), metadata={"train/a.wav": {"text": "a", "alignment": bad}})
+    with pytest.raises(ValueError, match=r"train/a.wav: metadata 'alignment' must be"):
+        TokenFiles.of_split(tmp_path / "tok", "train")
+
+
+def test_batches_carry_positions_only_where_some_file_has_an_alignment(tokens, tmp_path):
+    files = TokenFiles.of_split(tokens, "train")
+    assert "positions" not in files.conditions([(files.entry_indices[0], 0, 5)], 8)
+    arrays = {"train/a.wav": learnable_tokens(20, np.random.default_rng(0))}
+    write_token_corpus(tmp_path / "tok", arrays, codec_meta(),
+                       metadata={"train/a.wav": {"text": "a", "alignment": [[0, 0], [0.3, 1]]}})
+    aligned = TokenFiles.of_split(tmp_path / "tok", "train")
+    plain = TokenFiles(*[getattr(aligned, f) for f in ("tokens_dir", "entry_indices", "n_frames", "relpaths",
+                                                       "texts", "speakers", "frame_rate")])
+    assert aligned.conditions_sha256() != plain.conditions_sha256()  # a resumed run must read the same alignments
