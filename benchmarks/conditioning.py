@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/conditioning.py --lm DIR --codec DIR --tokens DIR [--corpus DIR]
         [--split test] [--gain-files 0] [--head-seconds 1] [--max-files 16] [--cfg 1 2 3 5]
         [--voices font_small font_big] [--seed 0] [--max-seconds 12] [--threads 1] [--json FILE]
-        [--monotonic | --no-monotonic]
+        [--monotonic | --no-monotonic] [--speaker-cfg S]
 
 --tokens: the corpus tokenized with the codec (`rvqlm tokenize`; its manifest carries each file's
 text and speaker); --corpus: the audio folder it came from (the real recordings). Needs librosa
@@ -19,8 +19,8 @@ text and speaker); --corpus: the audio folder it came from (the real recordings)
    files and over their first --head-seconds (where the audio has not yet shown who speaks).
 2. Voice. Up to --max-files lines spoken by the two --voices (half each, evenly spread), each
    generated from its text alone (no audio prompt, plain sampling, seeded) in each voice at every
-   --cfg scale and decoded by the codec; pYIN median F0 of each clip (rvqlm.metrics.pitch_track)
-   against the median over that speaker's real recordings of the chosen lines, in semitones, and
+   --cfg scale (the speaker's own scale: --speaker-cfg, lm.guidance) and decoded by the codec; pYIN
+   median F0 of each clip (rvqlm.metrics.pitch_track) against the median over that speaker's real recordings of the chosen lines, in semitones, and
    the distance between the two generated voices against the real one.
 3. Length. Pearson r between each line's real duration and the duration generated for its text in
    the line's own voice (a row that never chose its end stops at --max-seconds: counted), beside
@@ -226,17 +226,18 @@ def reading_summary(window, lengths: Tensor, max_frames: int) -> dict:
 
 
 def generated_clips(model, codec, texts: list[str], voices: tuple[str, str], scale: float, max_frames: int,
-                    seed: int, monotonic: bool | None = None) -> tuple[list[Clip], dict | None]:
-    """Every text in every voice, generated at guidance `scale` in one batched call and decoded
-    (monotonic: lm.generate's reading window; None: the LM's default) -> clips, the reading summary
-    (None without the window)."""
+                    seed: int, monotonic: bool | None = None, speaker_scale: float | None = None
+                    ) -> tuple[list[Clip], dict | None]:
+    """Every text in every voice, generated at guidance `scale` (the speaker's: `speaker_scale`, None: the
+    same) in one batched call and decoded (monotonic: lm.generate's reading window; None: the LM's
+    default) -> clips, the reading summary (None without the window)."""
     from lm.generate import generate
 
     rows = [(i, v) for i in range(len(texts)) for v in voices]
     with logged_reading() as windows:
         codes, lengths = generate(model, None, max_frames, text=[texts[i] for i, _ in rows],
-                                  speaker=[v for _, v in rows], cfg_scale=scale, return_lengths=True, seed=seed,
-                                  monotonic=monotonic)
+                                  speaker=[v for _, v in rows], cfg_scale=scale, speaker_cfg_scale=speaker_scale,
+                                  return_lengths=True, seed=seed, monotonic=monotonic)
     reading = reading_summary(windows[-1], lengths, max_frames) if windows else None
     clips = []
     for r, (i, v) in enumerate(rows):
@@ -350,7 +351,8 @@ def run(args) -> dict:
     sweep = {}
     for scale in args.cfg:
         t0 = time.perf_counter()
-        clips, reading = generated_clips(model, codec, texts, voices, scale, max_frames, args.seed, args.monotonic)
+        clips, reading = generated_clips(model, codec, texts, voices, scale, max_frames, args.seed, args.monotonic,
+                                         args.speaker_cfg)
         sweep[f"{scale:g}"] = {**summarize(clips, real, voices), "reading": reading,
                                "seconds_taken": time.perf_counter() - t0}
     from lm.alignment import reads_in_order
@@ -412,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                    "first this many seconds, where the audio has not yet shown who speaks (default 1)")
     p.add_argument("--max-files", type=int, default=16, help="lines generated (default 16)")
     p.add_argument("--cfg", type=float, nargs="+", default=[1.0, 2.0, 3.0, 5.0], help="guidance scales")
+    p.add_argument("--speaker-cfg", type=float, default=None, metavar="S",
+                   help="the speaker's own guidance scale at every --cfg (lm.guidance; default: the same as --cfg)")
     p.add_argument("--voices", nargs=2, default=["font_small", "font_big"], help="the two speakers compared")
     p.add_argument("--max-seconds", type=float, default=12.0, help="longest generation (default 12 s)")
     p.add_argument("--monotonic", action=argparse.BooleanOptionalAction, default=None,
@@ -421,8 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
-    if args.max_files < 2 or args.threads < 1 or not args.max_seconds > 0 or min(args.cfg) < 0:
-        p.error("--max-files must be >= 2, --threads >= 1, --max-seconds > 0 and every --cfg >= 0")
+    if args.max_files < 2 or args.threads < 1 or not args.max_seconds > 0 or min(args.cfg + [args.speaker_cfg or 0]) < 0:
+        p.error("--max-files must be >= 2, --threads >= 1, --max-seconds > 0 and every --cfg and --speaker-cfg >= 0")
     if args.voices[0] == args.voices[1]:
         p.error("--voices must name two different speakers")
     torch.set_num_threads(args.threads)
@@ -430,14 +434,16 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     wall = time.perf_counter() - t0
     print(f"LM {args.lm}, codec {args.codec}, tokens {args.tokens}/{args.split}, seed {args.seed}, "
-          f"monotonic reading {'on' if result['monotonic'] else 'off'}")
+          f"monotonic reading {'on' if result['monotonic'] else 'off'}, speaker guidance "
+          f"{'as --cfg' if args.speaker_cfg is None else args.speaker_cfg}")
     print("\n".join(report_lines(result, tuple(args.voices))))
     print(f"wall time {wall:.0f} s")
     if args.json:
         from rvqlm_core.atomic import atomic_write_json
 
         atomic_write_json(args.json, {**result, "lm": args.lm, "codec": args.codec, "tokens": args.tokens,
-                                      "split": args.split, "seed": args.seed, "cfg": args.cfg, "voices": args.voices,
+                                      "split": args.split, "seed": args.seed, "cfg": args.cfg, "speaker_cfg": args.speaker_cfg,
+                                      "voices": args.voices,
                                       "wall_seconds": wall, "torch_threads": torch.get_num_threads(),
                                       "machine": platform.platform()})
     return 0

@@ -221,6 +221,7 @@ def generate(
     text: str | Sequence[str | None] | None = None,
     speaker: str | Sequence[str | None] | None = None,
     cfg_scale: float | None = None,
+    speaker_cfg_scale: float | None = None,
     monotonic: bool | None = None,
     return_lengths: bool = False,
     temperature: float = 1.0,
@@ -244,9 +245,9 @@ def generate(
     `generator` or `seed`. `progress`: a tqdm bar with frames/s and, given `frame_rate`, the
     real-time factor (compute time / audio time). Past the context, `sink` keeps bos in view.
 
-    A conditioned LM takes `text` and `speaker` (one per row or one for all; None: null), the guidance
-    scale `cfg_scale` (default 3 with a text or speaker, else 1; lm.guidance) and `monotonic`, reading
-    each text in order (lm.alignment.ReadingWindow; default: on for an LM trained with guided attention).
+    A conditioned LM takes `text` and `speaker` (one per row or one for all; None: null), guidance scales
+    (lm.guidance) `cfg_scale` (default 3 with a condition, else 1) and `speaker_cfg_scale` (default: the same)
+    and `monotonic` (lm.alignment.ReadingWindow; default: on for an LM trained with guided attention).
     Its rows stop at the end-of-audio token: codes [B, N_c, longest row], 0 past each row's end;
     `return_lengths` also returns lengths [B] (frames, prompt included). An unconditioned LM refuses these.
     `on_frames(codes [B, N_c, n], ends [B])` gets the prompt's frames, then each frame once complete (0 past
@@ -254,19 +255,18 @@ def generate(
     """
     check_sampling_args(temperature, top_k, top_p, greedy)
     cfg, device = model.cfg, model.device
-    _refuse_conditions(cfg, text, speaker, cfg_scale, monotonic)
+    _refuse_conditions(cfg, text, speaker, cfg_scale, speaker_cfg_scale, monotonic)
     if prompt_codes is None:
         prompt_codes = torch.zeros(_rows_asked(text, speaker, batch_size), cfg.n_codebooks, 0, dtype=torch.long)
     plan = plan_generation(model, prompt_codes.to(device), max_new_frames)
     generator = generator if generator is not None else make_generator(seed, device)
     choose = partial(sample_next, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
-    was_training = model.training
-    model.eval()
+    was_training, _ = model.training, model.eval()
     bar = _ProgressBar(max_new_frames, progress, frame_rate)
     try:
         with torch.inference_mode():
-            bound = cfg.condition is not None
-            decoder = _bind_conditions(model, text, speaker, cfg_scale, monotonic, plan) if bound else model
+            decoder = model if cfg.condition is None else _bind_conditions(
+                model, text, speaker, (cfg_scale, speaker_cfg_scale), monotonic, plan)
             _decode(decoder, plan, choose, bar, use_cache=use_cache, sink=sink, on_frames=on_frames)
     finally:
         bar.close()
@@ -284,20 +284,23 @@ def _frames_of(model: DecodableLM, plan: GenerationPlan) -> tuple[Tensor, Tensor
 
 
 def _refuse_conditions(cfg, *conditions) -> None:
-    """Refuse any condition (text, speaker, cfg_scale, monotonic) for an unconditioned LM (ValueError)."""
+    """Refuse any condition (text, speaker, cfg_scale, speaker_cfg_scale, monotonic) for an unconditioned LM
+    (ValueError)."""
     if cfg.condition is None and any(x is not None for x in conditions):
-        raise ValueError("this LM is not conditioned (no condition encoder): text, speaker, cfg_scale, monotonic need "
-                         "an LM trained with LMConfig.condition; allowed here: a prompt and the sampling options")
+        raise ValueError("this LM is not conditioned (no condition encoder): text, speaker, cfg_scale, speaker_cfg_scale, "
+                         "monotonic need an LM trained with LMConfig.condition; allowed here: a prompt and the sampling "
+                         "options")
 
 
-def _bind_conditions(model, text, speaker, cfg_scale: float | None, monotonic: bool | None,
+def _bind_conditions(model, text, speaker, scales: tuple[float | None, float | None], monotonic: bool | None,
                      plan: GenerationPlan) -> ConditionedDecoder:
-    """A conditioned LM bound to one condition per row of the plan (guidance scale: default 3 with a condition;
-    monotonic reading: default on where the LM was trained with guided attention)."""
+    """A conditioned LM bound to one condition per row of the plan (scales: cfg_scale, default 3 with a
+    condition, and speaker_cfg_scale, default cfg_scale; monotonic reading: default on where the LM was
+    trained with guided attention)."""
     given = text is not None or speaker is not None
-    scale = cfg_scale if cfg_scale is not None else 3.0 if given else 1.0
+    scale = scales[0] if scales[0] is not None else 3.0 if given else 1.0
     return ConditionedDecoder(model, model.condition_inputs(text, speaker, plan.seq.shape[0]), scale,
-                              reads_in_order(model.cfg, monotonic))
+                              reads_in_order(model.cfg, monotonic), speaker_scale=scales[1])
 
 
 def _rows_asked(text, speaker, batch_size: int) -> int:

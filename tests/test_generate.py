@@ -508,6 +508,11 @@ def test_cli_says_a_text_in_a_voice_and_stops_by_itself(saved_pair, cond_lm, tmp
     assert run_cli("--lm", cond_lm, "--codec", saved_pair / "codec", "--text", "ahoj", "--speaker", "font_big",
                    "--seconds", 0.3, "--seed", 1, "--out", tmp_path / "big.wav", "--no-progress") == 0
     assert 0 < wav_seconds(tmp_path / "big.wav") <= 0.3 + 1e-9
+    # the speaker guided on its own scale (three row groups) runs too
+    assert run_cli("--lm", cond_lm, "--codec", saved_pair / "codec", "--text", "ahoj", "--speaker", "font_big",
+                   "--cfg", 2, "--speaker-cfg", 1, "--seconds", 0.3, "--seed", 1, "--out", tmp_path / "two.wav",
+                   "--no-progress") == 0
+    assert 0 < wav_seconds(tmp_path / "two.wav") <= 0.3 + 1e-9
 
 
 @pytest.mark.parametrize(
@@ -520,6 +525,8 @@ def test_cli_says_a_text_in_a_voice_and_stops_by_itself(saved_pair, cond_lm, tmp
         ("plain", ("--speaker", "font_small", "--cfg", 2), "--speaker --cfg: the LM"),
         ("cond", ("--text", "ahoj", "--monotonic"), "--monotonic: the LM"),
         ("plain", ("--no-monotonic",), "--monotonic: the LM"),
+        ("cond", ("--speaker-cfg", -2), "--speaker-cfg must be a finite number >= 0"),
+        ("plain", ("--speaker-cfg", 2), "--speaker-cfg: the LM"),
     ],
 )
 def test_cli_refuses_conditions_it_cannot_take(saved_pair, cond_lm, tmp_path, capsys, which, extra, message):

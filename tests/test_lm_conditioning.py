@@ -209,6 +209,31 @@ def test_cfg_scale_1_is_the_conditional_model_and_0_the_unconditional():
     assert rows == [4]  # one forward over the conditional and the unconditional rows together
 
 
+def test_a_speaker_scale_of_its_own_guides_the_voice_and_the_text_apart():
+    """lm.guidance: uncond + s_v (speaker - uncond) + s (cond - speaker), one forward of 3B rows; s_v = s is
+    plain guidance (2B rows)."""
+    model = cond_model()
+    cond = inputs_of(model, ["ahoj", "loď"], ["font_small", "font_big"])
+    tokens = torch.randint(0, model.cfg.embedding_rows, (2, 3, 9))
+    conditional = model(tokens, memory=model.encode_condition(cond))
+    alone = model(tokens, memory=model.encode_condition(model.condition_inputs(None, ["font_small", "font_big"], 2)))
+    unconditional = model(tokens)
+    same = ConditionedDecoder(model, cond, 2.0, speaker_scale=2.0)
+    assert same.memory.batch_size == 4
+    torch.testing.assert_close(same(tokens), ConditionedDecoder(model, cond, 2.0)(tokens), atol=1e-12, rtol=0)
+    split = ConditionedDecoder(model, cond, 3.0, speaker_scale=1.5)
+    assert split.memory.batch_size == 6 and split.new_cache(2).batch_size == 6
+    rows = []
+    model.token_embedding.register_forward_hook(lambda m, a, o: rows.append(a[0].shape[0]))
+    want = unconditional + 1.5 * (alone - unconditional) + 3.0 * (conditional - alone)
+    torch.testing.assert_close(split(tokens), want)
+    assert rows == [6]
+    torch.testing.assert_close(ConditionedDecoder(model, cond, 1.0, speaker_scale=0.0)(tokens),
+                               unconditional + conditional - alone)
+    with pytest.raises(ValueError, match="speaker guidance scale must be a finite number >= 0"):
+        ConditionedDecoder(model, cond, 2.0, speaker_scale=-1)
+
+
 def test_cached_generation_with_cross_attention_gives_the_full_forward_logits():
     """Issue 20: each cached step's logits equal a full forward over the final sequence (float32, 1e-4),
     and every block's cross-attention keys/values are computed once for the whole generation."""

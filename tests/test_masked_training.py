@@ -217,3 +217,12 @@ def test_generate_cli_refuses_masked_options_for_an_ar_lm(codec_and_masked, tmp_
                      "--out", str(tmp_path / "o.wav"), "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and f"{flag} is for a masked LM" in err and len(err.strip().splitlines()) == 1
+
+
+def test_generate_cli_refuses_a_speaker_scale_for_a_masked_lm(codec_and_masked, tmp_path, capsys):
+    root = codec_and_masked
+    rc = rvqlm_main(["generate", "--lm", str(root / "lm"), "--codec", str(root / "codec"), "--speaker-cfg", "2",
+                     "--out", str(tmp_path / "o.wav"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--speaker-cfg" in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())

@@ -51,6 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--speaker", default=None, help="who says it: a speaker name from the conditioned LM's table")
     p.add_argument("--cfg", type=float, default=None, metavar="S",
                    help="classifier-free guidance scale, >= 0 (default 3 with --text/--speaker; 1 = none)")
+    p.add_argument("--speaker-cfg", type=float, default=None, metavar="S",
+                   help="the speaker's own guidance scale, >= 0 (multi-condition guidance; default: --cfg)")
     p.add_argument("--monotonic", action=argparse.BooleanOptionalAction, default=None,
                    help="read the text in order through a moving window (default: on for an LM trained with "
                         "guided attention)")
@@ -111,8 +113,9 @@ def check_request(args: argparse.Namespace) -> None:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
-    if args.cfg is not None and not (args.cfg >= 0 and math.isfinite(args.cfg)):
-        raise ValueError(f"--cfg must be a finite number >= 0, got {args.cfg}")
+    for flag, scale in (("--cfg", args.cfg), ("--speaker-cfg", args.speaker_cfg)):
+        if scale is not None and not (scale >= 0 and math.isfinite(scale)):
+            raise ValueError(f"{flag} must be a finite number >= 0, got {scale}")
     if args.prompt_seconds is not None:
         if args.prompt is None:
             raise ValueError("--prompt-seconds needs --prompt")
@@ -144,8 +147,10 @@ def check_pair(lm_model, codec) -> None:
 
 
 def check_condition(args: argparse.Namespace, lm_model) -> None:
-    """Refuse --text / --speaker / --cfg / --monotonic an LM cannot take, naming what it allows (ValueError)."""
-    asked = [f"--{name}" for name in ("text", "speaker", "cfg", "monotonic") if getattr(args, name) is not None]
+    """Refuse --text / --speaker / --cfg / --speaker-cfg / --monotonic an LM cannot take, naming what it allows
+    (ValueError)."""
+    asked = [f"--{name.replace('_', '-')}" for name in ("text", "speaker", "cfg", "speaker_cfg", "monotonic")
+             if getattr(args, name) is not None]
     cond = lm_model.cfg.condition
     if cond is None:
         if asked:
@@ -166,7 +171,8 @@ def condition_options(args: argparse.Namespace, lm_model) -> dict:
     masked one)."""
     if lm_model.cfg.condition is None:
         return {}
-    reading = {} if lm_model.cfg.family == "masked" else {"monotonic": args.monotonic}
+    reading = {} if lm_model.cfg.family == "masked" else {"monotonic": args.monotonic,
+                                                          "speaker_cfg_scale": args.speaker_cfg}
     return {"text": args.text, "speaker": args.speaker, "cfg_scale": args.cfg, **reading}
 
 
