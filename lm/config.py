@@ -52,7 +52,8 @@ class ConditionConfig:
     guided_attention: float = 0.0  # weight of the guided-attention loss in training (lm.alignment); 0: none
     guided_sigma: float = 0.2  # its width g, in fractions of the text and of the audio
     guided_heads: int = 2  # the first guided_heads cross-attention heads of every decoder layer are guided
-    guided_sigma_bytes: float = 3.0  # the width, in bytes, around a known alignment (data metadata `alignment`)
+    guided_alignment: bool = False  # guide rows whose data carry an alignment (metadata `alignment`) around it
+    guided_sigma_bytes: float = 3.0  # the width of that guide, in bytes
     context_noise: float = 0.0  # training: each input code replaced by a random one at this rate (Tacotron's
     # prenet-dropout bottleneck: an unreliable audio history makes the decoder lean on its text)
 

@@ -115,12 +115,13 @@ def check_fingerprint(lm_fingerprint: str | None, tokens_fingerprint: str | None
 
 def batch_conditions(model: MultiCodebookLM, batch: dict, ends: bool = True) -> dict[str, Any]:
     """The `loss` arguments of a batch's conditions for a conditioned LM ({} for an unconditioned
-    one): condition (texts and speakers, "" = null, and any positions) and, with `ends`, the file ends."""
+    one): condition (texts and speakers, "" = null; positions where the config follows alignments) and, with
+    `ends`, the file ends."""
     if model.cfg.condition is None:
         return {}
     n = batch["codes"].shape[0]
     condition = model.condition_inputs([t or None for t in batch["text"]], [s or None for s in batch["speaker"]], n)
-    if batch.get("positions") is not None:  # where the text is at each frame, for guided attention (lm.alignment)
+    if batch.get("positions") is not None and model.cfg.condition.guided_alignment:  # guided attention (lm.alignment)
         condition = dataclasses.replace(condition, positions=batch["positions"].to(model.device))
     return {"condition": condition, "ends": batch["ends"] if ends else None}
 

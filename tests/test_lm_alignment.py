@@ -293,3 +293,14 @@ def test_training_batches_pass_their_positions_to_the_guided_loss():
     assert model.loss(codes, None, cond.nulled(model.cfg.condition.null_speaker, torch.tensor([True, True])),
                       ends).guide.item() == 0.0  # dropped texts are not guided
     assert model.loss(codes, None, cond, ends).guide.item() > 0.0
+
+
+def test_batches_carry_their_alignment_only_to_an_lm_that_follows_alignments():
+    from lm.training import batch_conditions
+
+    batch = {"codes": torch.zeros(2, 3, 9, dtype=torch.long), "text": ["ahoj", ""], "speaker": ["font_small", ""],
+             "ends": torch.tensor([True, False]), "positions": torch.linspace(0, 4, 9)[None].repeat(2, 1)}
+    plain = cond_model(condition={"guided_attention": 1.0, "guided_heads": 2})
+    assert batch_conditions(plain, batch)["condition"].positions is None
+    follows = cond_model(condition={"guided_attention": 1.0, "guided_heads": 2, "guided_alignment": True})
+    assert torch.equal(batch_conditions(follows, batch)["condition"].positions, batch["positions"])
