@@ -13,7 +13,8 @@ others take 1 each; default 8,2,1,1,1,1,1,1), --choice-temperature the Gumbel no
 that picks which sampled codes a step keeps (MaskGIT's; default 4.5; 0: the most confident).
 
 A conditioned LM reads --text (UTF-8, up to its text_max_bytes) and --speaker (a name from its
-table) with classifier-free guidance --cfg (default 3; 1 = no guidance), and stops by itself at
+table) with classifier-free guidance --cfg (default 3; 1 = no guidance; --speaker-cfg gives the speaker
+a scale of its own, lm.guidance), and stops by itself at
 its end-of-audio token; --seconds is then the longest it may speak. An LM trained with guided
 attention reads the text in order, start to end, and ends only once it has read it all
 (lm.alignment.ReadingWindow; --no-monotonic leaves its attention free).
