@@ -2,20 +2,15 @@
 
 The shards are memory-mapped: a window costs one small read, never a shard load.
 
-Splits are **by file**, never by window, so no held-out frame shares a file with training frames:
-
-* ``split_by="prefix"``: a file belongs to split S when its relative path starts with ``S/``.
-  The built-in corpus keeps its own ``train/ valid/ test/`` folders through tokenization, so its
-  held-out files are exactly the corpus's valid split (split by game level).
-* ``split_by="hash"``: for corpora without such folders; a file is in ``valid`` when the
-  SHA-256 of its relative path falls in the first ``valid_fraction`` of the hash range, and in
-  ``train`` otherwise. Adding files never moves an existing file between splits.
+Splits are **by file**, never by window, so no held-out frame shares a file with training frames
+(lm.splits: by the corpus's ``train/ valid/ test/`` folders, or by a hash of each path).
 
 Training windows (`TrainWindowStream`) are random but reproducible: window ``i`` of the run is a
 pure function of ``(seed, i)`` (a counter-based RNG), so the data position of a run is one
 integer, the number of batches consumed, and resuming from a checkpoint continues the exact
 same stream. A window picks a file with probability proportional to its length (every frame is
-equally likely) and a uniform start inside it; files shorter than the window are padded and
+equally likely; ``sample_weights`` scales that per group of files, e.g. real speech beside a larger
+synthetic set) and a uniform start inside it; files shorter than the window are padded and
 masked (``frame_mask`` False). With W ranks, global batch ``g`` is cut into W rank batches, so
 W ranks with batch B see exactly the windows that 1 rank with batch W*B sees.
 
@@ -47,7 +42,7 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator, Literal, Sequence
+from typing import Iterator, Sequence
 
 import lightning.pytorch as pl
 import numpy as np
@@ -56,51 +51,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lm.config import LMConfig
 from rvqlm_core.batch_stream import BatchStream, StreamLoader, StreamPosition, worker_share
+from lm.splits import SPLIT_NAMES, SplitBy, file_weights, hash_fraction, select_split  # noqa: F401
 from rvqlm_core.token_shards import TokenShards
-
-SplitBy = Literal["prefix", "hash"]
-
-SPLIT_NAMES = ("train", "valid", "test")
-
-
-# ---- file selection ---------------------------------------------------------------------------------
-
-def hash_fraction(relpath: str) -> float:
-    """A fixed number in [0, 1) for a relative path (first 8 bytes of its SHA-256)."""
-    digest = hashlib.sha256(relpath.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
-
-
-def select_split(relpaths: Sequence[str], split: str, split_by: SplitBy = "prefix",
-                 valid_fraction: float = 0.1) -> list[int]:
-    """Indices of the files (given by relative path) that belong to `split`, in input order.
-
-    prefix: files under ``<split>/``. hash: ``valid`` = files whose path hash is below
-    `valid_fraction`, ``train`` = the others (files under ``test/`` are in neither). Raises
-    ValueError if the split is empty, naming what was looked for.
-    """
-    if split not in SPLIT_NAMES:
-        raise ValueError(f"unknown split {split!r}; choose one of {SPLIT_NAMES}")
-    if split_by == "prefix":
-        chosen = [i for i, p in enumerate(relpaths) if p.startswith(f"{split}/")]
-        hint = (f"no token files under '{split}/' (split_by=prefix expects the corpus's own "
-                "train/ valid/ test/ folders; use split_by=hash for other corpora)")
-    elif split_by == "hash":
-        if not 0.0 < valid_fraction < 1.0:
-            raise ValueError(f"valid_fraction must be in (0, 1), got {valid_fraction}")
-        if split == "test":
-            raise ValueError("split_by=hash has only 'train' and 'valid' splits")
-        in_valid = [not p.startswith("test/") and hash_fraction(p) < valid_fraction for p in relpaths]
-        in_train = [not p.startswith("test/") and not v for p, v in zip(relpaths, in_valid)]
-        chosen = [i for i, keep in enumerate(in_valid if split == "valid" else in_train) if keep]
-        hint = (f"the '{split}' split is empty: {len(relpaths)} files, valid_fraction={valid_fraction} "
-                "(use more files or a larger valid_fraction)")
-    else:
-        raise ValueError(f"split_by must be 'prefix' or 'hash', got {split_by!r}")
-    if not chosen:
-        raise ValueError(hint)
-    return chosen
-
 
 @dataclass(frozen=True)
 class TokenFiles:
@@ -240,12 +192,14 @@ class TrainWindowStream(BatchStream):
     """Random training windows, yielded as whole batches (see BatchStream for ranks, epochs, workers).
 
     Sample i of the run (counted over all ranks) is drawn by ``np.random.default_rng([seed, i])``;
-    the stream never repeats a sample index.
+    the stream never repeats a sample index. A file is drawn in proportion to its frames, times its
+    entry of `weights` [n_files] when given.
     """
 
     def __init__(self, files: TokenFiles, n_codebooks: int, window_frames: int, batch_size: int,
                  batches_per_epoch: int, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 position: StreamPosition | None = None, conditions: bool = False):
+                 position: StreamPosition | None = None, conditions: bool = False,
+                 weights: Sequence[float] | None = None):
         if window_frames < 1:
             raise ValueError(f"window_frames must be >= 1, got {window_frames}")
         super().__init__(batch_size, batches_per_epoch, rank, world_size, position)
@@ -255,17 +209,32 @@ class TrainWindowStream(BatchStream):
         self.window_frames = window_frames
         self.seed = seed
         self.conditions = conditions
-        self._cum_frames = np.cumsum(np.asarray(files.n_frames, dtype=np.int64))
+        frames = np.asarray(files.n_frames, dtype=np.float64)
+        self.weights = None if weights is None else list(weights)
+        if weights is not None:
+            if len(weights) != len(frames) or not all(w >= 0 and math.isfinite(w) for w in weights) or \
+                    not (frames * np.asarray(weights)).sum() > 0:
+                raise ValueError(f"weights must be {len(frames)} finite values >= 0, not all zero")
+            frames = frames * np.asarray(weights, dtype=np.float64)
+        self._cum_frames = np.cumsum(frames)
 
     def sample_span(self, sample_index: int) -> tuple[int, int, int]:
         """(entry index, start, length) of sample `sample_index`: a pure function of (seed, index)."""
         rng = np.random.default_rng([self.seed, sample_index])
-        frame = int(rng.integers(int(self._cum_frames[-1])))
-        file = int(np.searchsorted(self._cum_frames, frame, side="right"))
+        file = self._draw_file(rng)
         n = self.files.n_frames[file]
         length = min(n, self.window_frames)
         start = int(rng.integers(n - length + 1))
         return self.files.entry_indices[file], start, length
+
+    def _draw_file(self, rng: np.random.Generator) -> int:
+        """A file index, drawn with probability proportional to its (weighted) frames."""
+        total = self._cum_frames[-1]
+        if self.weights is None:  # the integer draw of every unweighted run (resumes stay exact)
+            frame = int(rng.integers(int(total)))
+        else:
+            frame = float(rng.random() * total)
+        return min(int(np.searchsorted(self._cum_frames, frame, side="right")), len(self._cum_frames) - 1)
 
     def batch(self, batch_index: int) -> dict[str, torch.Tensor]:
         """Rank batch `batch_index` of the stream."""
@@ -336,6 +305,8 @@ class TokenDataModule(pl.LightningDataModule):
         seed: the training stream's seed.
         conditions: give each window its file's text, speaker and end (a conditioned LM; see the
             module docstring); `text_field` names the metadata column of the text.
+        sample_weights: {glob: weight}: training files whose path in the token folder matches a glob
+            (fnmatch, the first that matches) are drawn weight times as often per frame; others 1.
 
     The token layout (n_codebooks, codebook_size, codec_fingerprint, frame_rate) is read from
     the shards at construction, so a model can be sized from it (LightningCLI links them), and so
@@ -346,7 +317,8 @@ class TokenDataModule(pl.LightningDataModule):
     def __init__(self, tokens_dir: str, window_frames: int = 500, batch_size: int = 8,
                  batches_per_epoch: int = 1000, split_by: SplitBy = "prefix", valid_fraction: float = 0.1,
                  valid_batch_size: int | None = None, max_valid_windows: int | None = None,
-                 num_workers: int = 0, seed: int = 0, conditions: bool = False, text_field: str = "text"):
+                 num_workers: int = 0, seed: int = 0, conditions: bool = False, text_field: str = "text",
+                 sample_weights: dict[str, float] | None = None):
         super().__init__()
         if not Path(tokens_dir).is_dir():
             raise FileNotFoundError(f"token folder {tokens_dir} does not exist (make it with `rvqlm tokenize`)")
@@ -367,6 +339,8 @@ class TokenDataModule(pl.LightningDataModule):
         self.max_valid_windows = max_valid_windows
         self.num_workers = num_workers
         self.seed = seed
+        self.sample_weights = dict(sample_weights or {})
+        self.train_weights = file_weights(self.train_files.relpaths, self.sample_weights)
         self.position = StreamPosition()
 
     def _rank_world(self) -> tuple[int, int]:
@@ -376,7 +350,8 @@ class TokenDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank_world()
         stream = TrainWindowStream(self.train_files, self.n_codebooks, self.window_frames, self.batch_size,
-                                   self.batches_per_epoch, self.seed, rank, world, self.position, self.conditions)
+                                   self.batches_per_epoch, self.seed, rank, world, self.position, self.conditions,
+                                   self.train_weights)
         # batch_size=None: the stream yields whole batches. No persistent workers: each epoch's
         # workers must start from the current position.
         return StreamLoader(stream, batch_size=None, num_workers=self.num_workers)
@@ -400,6 +375,7 @@ class TokenDataModule(pl.LightningDataModule):
                     "train_files": len(self.train_files), "codec_fingerprint": self.codec_fingerprint}
         if self.conditions:
             settings["conditions_sha256"] = self.train_files.conditions_sha256()
+        settings["sample_weights"] = self.sample_weights
         return settings
 
     def state_dict(self) -> dict:

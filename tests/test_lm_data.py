@@ -222,6 +222,43 @@ def test_datamodule_errors_are_clear(tmp_path, tokens):
         TokenDataModule(str(flat))
 
 
+def test_sample_weights_draw_files_in_proportion_to_weight_times_frames(tokens):
+    """lm.data's module docstring: a file is drawn in proportion to its frames, times its group's weight."""
+    dm = TokenDataModule(str(tokens), window_frames=48, batch_size=4, sample_weights={"train/level0/*": 3.0,
+                                                                                       "train/level1/*": 0.0})
+    files = dm.train_files
+    weights = np.array(dm.train_weights)
+    assert set(weights[[r.startswith("train/level0/") for r in files.relpaths]]) == {3.0}
+    assert set(weights[[r.startswith("train/level1/") for r in files.relpaths]]) == {0.0}
+    assert set(weights[[r[:13] in ("train/level2/", "train/level3/") for r in files.relpaths]]) == {1.0}
+    s = stream(files, weights=dm.train_weights)
+    draws = np.array([files.entry_indices.index(s.sample_span(i)[0]) for i in range(4000)])
+    expected = weights * np.array(files.n_frames)
+    expected = expected / expected.sum()
+    seen = np.bincount(draws, minlength=len(files)) / len(draws)
+    assert seen[weights == 0].sum() == 0
+    assert np.abs(seen - expected).max() < 0.025  # 4,000 draws: se of a share <= 0.008
+    unweighted = stream(files)
+    plain = np.array([files.entry_indices.index(unweighted.sample_span(i)[0]) for i in range(4000)])
+    assert (plain[:, None] == np.flatnonzero(weights == 0)[None]).any(1).mean() > 0.1  # level1 drawn unweighted
+
+
+def test_sample_weights_are_checked_and_a_resume_must_keep_them(tokens):
+    with pytest.raises(ValueError, match="matches no training file"):
+        TokenDataModule(str(tokens), sample_weights={"train/synth-*": 0.5})
+    with pytest.raises(ValueError, match=">= 0"):
+        TokenDataModule(str(tokens), sample_weights={"train/*": -1.0})
+    with pytest.raises(ValueError, match="every training file weight 0"):
+        TokenDataModule(str(tokens), sample_weights={"train/*": 0.0})
+    state = TokenDataModule(str(tokens), sample_weights={"train/level0/*": 2.0}).state_dict()
+    with pytest.raises(ValueError, match="sample_weights"):
+        TokenDataModule(str(tokens), sample_weights={"train/level0/*": 3.0}).load_state_dict(state)
+    TokenDataModule(str(tokens), sample_weights={"train/level0/*": 2.0}).load_state_dict(state)
+    with pytest.raises(ValueError, match="sample_weights"):
+        TokenDataModule(str(tokens), sample_weights={"train/level0/*": 2.0}).load_state_dict(
+            TokenDataModule(str(tokens)).state_dict())
+
+
 # ---- alignments -------------------------------------------------------------------------------------
 
 def test_positions_are_the_alignment_at_each_frame_centre_and_unknown_elsewhere(tmp_path):
