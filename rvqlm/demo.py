@@ -71,7 +71,7 @@ class DemoSettings:
     seed: int = 1
     conditioned_lm: Path = SHIPPED_CONDITIONED_LM  # the "Say it" section, when it fits the codec
     say_it_lines: int = 4  # held-out lines said in both voices (0: leave the section out)
-    say_it_cfg: float = 2.0  # guidance: the shipped conditioned LM's voices land nearest the real ones at 2
+    say_it_cfg: float = 3.0  # guidance: the shipped conditioned LM's voices land nearest the real ones at 3 (valid split)
     masked_lm: Path = SHIPPED_MASKED_LM  # the masked-LM continuations, when it fits the codec
 
 
