@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/conditioning.py --lm DIR --codec DIR --tokens DIR [--corpus DIR]
         [--split test] [--gain-files 0] [--head-seconds 1] [--max-files 16] [--cfg 1 2 3 5]
         [--voices font_small font_big] [--seed 0] [--max-seconds 12] [--threads 1] [--json FILE]
-        [--monotonic | --no-monotonic] [--speaker-cfg S]
+        [--monotonic | --no-monotonic] [--speaker-cfg S] [--top-k K]
 
 --tokens: the corpus tokenized with the codec (`rvqlm tokenize`; its manifest carries each file's
 text and speaker); --corpus: the audio folder it came from (the real recordings). Needs librosa
@@ -18,10 +18,11 @@ text and speaker); --corpus: the audio folder it came from (the real recordings)
    in training); the table gives the paired difference to the true condition and its se, over whole
    files and over their first --head-seconds (where the audio has not yet shown who speaks).
 2. Voice. Up to --max-files lines spoken by the two --voices (half each, evenly spread), each
-   generated from its text alone (no audio prompt, plain sampling, seeded) in each voice at every
+   generated from its text alone (no audio prompt, plain sampling or --top-k, seeded) in each voice at every
    --cfg scale (the speaker's own scale: --speaker-cfg, lm.guidance) and decoded by the codec; pYIN
    median F0 of each clip (rvqlm.metrics.pitch_track) against the median over that speaker's real recordings of the chosen lines, in semitones, and
-   the distance between the two generated voices against the real one.
+   the distance between the two generated voices against the real one; how many clips are voiced
+   (0.1 s of voiced frames: the clips a median is taken over) and their share of voiced frames.
 3. Length. Pearson r between each line's real duration and the duration generated for its text in
    the line's own voice (a row that never chose its end stops at --max-seconds: counted), beside
    the r of the real durations against the texts' byte counts alone; with the reading window, how
@@ -172,17 +173,19 @@ class Clip:
     ended: bool  # chose its end-of-audio token before the length limit
     f0: float  # median F0 over its voiced frames (nan: too few)
     dnsmos: float  # OVRL
+    voiced: float = float("nan")  # share of its 10 ms frames that pYIN calls voiced
 
 
-def clip_scores(wav: np.ndarray, sample_rate: int) -> tuple[float, float]:
-    """(median F0 in Hz over the voiced 10 ms frames, nan below 10; DNSMOS OVRL) of a 16 kHz clip."""
+def clip_scores(wav: np.ndarray, sample_rate: int) -> tuple[float, float, float]:
+    """(median F0 in Hz over the voiced 10 ms frames, nan below 10; DNSMOS OVRL; voiced share of the
+    frames) of a 16 kHz clip."""
     from rvqlm.metrics import dnsmos, pitch_track
 
     if len(wav) < sample_rate // 10:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), 0.0
     f0, voiced = pitch_track(wav, sample_rate)
     median = float(np.median(f0[voiced])) if voiced.sum() >= 10 else float("nan")
-    return median, dnsmos(wav, sample_rate)["dnsmos_ovrl"]
+    return median, dnsmos(wav, sample_rate)["dnsmos_ovrl"], float(voiced.mean())
 
 
 @contextmanager
@@ -226,8 +229,8 @@ def reading_summary(window, lengths: Tensor, max_frames: int) -> dict:
 
 
 def generated_clips(model, codec, texts: list[str], voices: tuple[str, str], scale: float, max_frames: int,
-                    seed: int, monotonic: bool | None = None, speaker_scale: float | None = None
-                    ) -> tuple[list[Clip], dict | None]:
+                    seed: int, monotonic: bool | None = None, speaker_scale: float | None = None,
+                    top_k: int | None = None) -> tuple[list[Clip], dict | None]:
     """Every text in every voice, generated at guidance `scale` (the speaker's: `speaker_scale`, None: the
     same) in one batched call and decoded (monotonic: lm.generate's reading window; None: the LM's
     default) -> clips, the reading summary (None without the window)."""
@@ -237,7 +240,7 @@ def generated_clips(model, codec, texts: list[str], voices: tuple[str, str], sca
     with logged_reading() as windows:
         codes, lengths = generate(model, None, max_frames, text=[texts[i] for i, _ in rows],
                                   speaker=[v for _, v in rows], cfg_scale=scale, speaker_cfg_scale=speaker_scale,
-                                  return_lengths=True, seed=seed, monotonic=monotonic)
+                                  return_lengths=True, seed=seed, monotonic=monotonic, top_k=top_k)
     reading = reading_summary(windows[-1], lengths, max_frames) if windows else None
     clips = []
     for r, (i, v) in enumerate(rows):
@@ -246,8 +249,8 @@ def generated_clips(model, codec, texts: list[str], voices: tuple[str, str], sca
         if n > 0:
             with torch.inference_mode():
                 wav = codec.decode(codes[r:r + 1, :, :n])[0, 0].float().cpu().numpy()
-        f0, ovrl = clip_scores(wav, codec.sample_rate)
-        clips.append(Clip(i, v, n / codec.frame_rate, n < max_frames, f0, ovrl))
+        f0, ovrl, voiced = clip_scores(wav, codec.sample_rate)
+        clips.append(Clip(i, v, n / codec.frame_rate, n < max_frames, f0, ovrl, voiced))
     return clips, reading
 
 
@@ -273,7 +276,7 @@ def real_clips(codec, shards, files, lines: list[int], corpus: str) -> dict[str,
         path = Path(corpus) / files.relpaths[i]
         if not path.is_file():
             raise FileNotFoundError(f"{path}: the recording of token file {files.relpaths[i]} is not in --corpus")
-        f0, ovrl = clip_scores(load_audio(path, codec.sample_rate, 1)[0].numpy(), codec.sample_rate)
+        f0, ovrl, _ = clip_scores(load_audio(path, codec.sample_rate, 1)[0].numpy(), codec.sample_rate)
         entry = shards.entries[files.entry_indices[i]]
         codes = torch.from_numpy(np.asarray(shards.read(entry), dtype=np.int64)).T[None]
         with torch.inference_mode():
@@ -296,7 +299,8 @@ def summarize(clips: list[Clip], real: dict, voices: tuple[str, str]) -> dict:
         median = nan_median(mine)
         out["voices"][v] = {"median_f0": median, "real_median_f0": real_f0[v],
                             "offset_st": semitones(median, real_f0[v]), "offset_se": mean_se(offsets)[1],
-                            "voiced_clips": int(sum(math.isfinite(f) for f in mine)), "clips": len(mine)}
+                            "voiced_clips": int(sum(math.isfinite(f) for f in mine)), "clips": len(mine),
+                            "voiced_frames": mean_se([c.voiced for c in clips if c.voice == v])[0]}
     a, b = (out["voices"][v]["median_f0"] for v in voices)
     out["voice_distance_st"] = semitones(a, b)
     out["real_voice_distance_st"] = semitones(real_f0[voices[0]], real_f0[voices[1]])
@@ -352,7 +356,7 @@ def run(args) -> dict:
     for scale in args.cfg:
         t0 = time.perf_counter()
         clips, reading = generated_clips(model, codec, texts, voices, scale, max_frames, args.seed, args.monotonic,
-                                         args.speaker_cfg)
+                                         args.speaker_cfg, args.top_k)
         sweep[f"{scale:g}"] = {**summarize(clips, real, voices), "reading": reading,
                                "seconds_taken": time.perf_counter() - t0}
     from lm.alignment import reads_in_order
@@ -377,12 +381,14 @@ def report_lines(result: dict, voices: tuple[str, str]) -> list[str]:
     out.append(f"2-4. {len(result['lines'])} lines generated in each voice ({' / '.join(voices)}), at most "
                f"{result['max_generated_seconds']:.1f} s")
     head = (f"   {'cfg':>4} " + " ".join(f"{v[:11] + ' st':>14}" for v in voices)
-            + f" {'dist st':>8} {'length r':>8} {'ended':>6} {'DNSMOS':>7} {'se':>5}")
+            + f" {'dist st':>8} {'length r':>8} {'ended':>6} {'DNSMOS':>7} {'se':>5}   voiced clips, frames")
     out.append(head)
     for scale, s in result["sweep"].items():
         offsets = " ".join(f"{s['voices'][v]['offset_st']:+8.2f}±{s['voices'][v]['offset_se']:<5.2f}" for v in voices)
+        voiced = " ".join(f"{s['voices'][v]['voiced_clips']}/{s['voices'][v]['clips']} {s['voices'][v]['voiced_frames']:.2f}"
+                          for v in voices)
         out.append(f"   {scale:>4} {offsets} {s['voice_distance_st']:8.2f} {s['length_r']:8.2f} "
-                   f"{s['ended_share']:6.2f} {s['dnsmos']:7.2f} {s['dnsmos_se']:5.2f}")
+                   f"{s['ended_share']:6.2f} {s['dnsmos']:7.2f} {s['dnsmos_se']:5.2f}   {voiced}")
     any_scale = next(iter(result["sweep"].values()))
     real = result["real"]
     out.append(f"   real: voice distance {any_scale['real_voice_distance_st']:.2f} st, median F0 "
@@ -416,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cfg", type=float, nargs="+", default=[1.0, 2.0, 3.0, 5.0], help="guidance scales")
     p.add_argument("--speaker-cfg", type=float, default=None, metavar="S",
                    help="the speaker's own guidance scale at every --cfg (lm.guidance; default: the same as --cfg)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="sample each code from its K most probable (default: plain sampling, every code)")
     p.add_argument("--voices", nargs=2, default=["font_small", "font_big"], help="the two speakers compared")
     p.add_argument("--max-seconds", type=float, default=12.0, help="longest generation (default 12 s)")
     p.add_argument("--monotonic", action=argparse.BooleanOptionalAction, default=None,
@@ -429,13 +437,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--max-files must be >= 2, --threads >= 1, --max-seconds > 0 and every --cfg and --speaker-cfg >= 0")
     if args.voices[0] == args.voices[1]:
         p.error("--voices must name two different speakers")
+    if args.top_k is not None and args.top_k < 1:
+        p.error("--top-k must be >= 1")
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     result = run(args)
     wall = time.perf_counter() - t0
     print(f"LM {args.lm}, codec {args.codec}, tokens {args.tokens}/{args.split}, seed {args.seed}, "
           f"monotonic reading {'on' if result['monotonic'] else 'off'}, speaker guidance "
-          f"{'as --cfg' if args.speaker_cfg is None else args.speaker_cfg}")
+          f"{'as --cfg' if args.speaker_cfg is None else args.speaker_cfg}, "
+          f"{'plain sampling' if args.top_k is None else f'top-k {args.top_k}'}")
     print("\n".join(report_lines(result, tuple(args.voices))))
     print(f"wall time {wall:.0f} s")
     if args.json:
@@ -443,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
 
         atomic_write_json(args.json, {**result, "lm": args.lm, "codec": args.codec, "tokens": args.tokens,
                                       "split": args.split, "seed": args.seed, "cfg": args.cfg, "speaker_cfg": args.speaker_cfg,
-                                      "voices": args.voices,
+                                      "top_k": args.top_k, "voices": args.voices,
                                       "wall_seconds": wall, "torch_threads": torch.get_num_threads(),
                                       "machine": platform.platform()})
     return 0
