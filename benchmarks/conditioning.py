@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/conditioning.py --lm DIR --codec DIR --tokens DIR [--corpus DIR]
         [--split test] [--gain-files 0] [--head-seconds 1] [--max-files 16] [--cfg 1 2 3 5]
         [--voices font_small font_big] [--seed 0] [--max-seconds 12] [--threads 1] [--json FILE]
-        [--monotonic | --no-monotonic] [--speaker-cfg S] [--top-k K]
+        [--monotonic | --no-monotonic] [--speaker-cfg S] [--top-k K] [--top-p P] [--temperature T]
 
 --tokens: the corpus tokenized with the codec (`rvqlm tokenize`; its manifest carries each file's
 text and speaker); --corpus: the audio folder it came from (the real recordings). Needs librosa
@@ -18,7 +18,7 @@ text and speaker); --corpus: the audio folder it came from (the real recordings)
    in training); the table gives the paired difference to the true condition and its se, over whole
    files and over their first --head-seconds (where the audio has not yet shown who speaks).
 2. Voice. Up to --max-files lines spoken by the two --voices (half each, evenly spread), each
-   generated from its text alone (no audio prompt, plain sampling or --top-k, seeded) in each voice at every
+   generated from its text alone (no audio prompt, plain sampling or --top-k/--top-p/--temperature, seeded) in each voice at every
    --cfg scale (the speaker's own scale: --speaker-cfg, lm.guidance) and decoded by the codec; pYIN
    median F0 of each clip (rvqlm.metrics.pitch_track) against the median over that speaker's real recordings of the chosen lines, in semitones, and
    the distance between the two generated voices against the real one; how many clips are voiced
@@ -228,19 +228,33 @@ def reading_summary(window, lengths: Tensor, max_frames: int) -> dict:
             "capped": int((~ended).sum())}
 
 
+def sampling_options(args) -> dict:
+    """The sampling filters asked for on the command line, as lm.generate's keywords."""
+    return {"top_k": args.top_k, "top_p": args.top_p, "temperature": args.temperature}
+
+
+def sampling_label(args) -> str:
+    """'plain sampling', or the filters and temperature in use."""
+    parts = [f"top-k {args.top_k}"] if args.top_k is not None else []
+    parts += [f"top-p {args.top_p:g}"] if args.top_p is not None else []
+    parts += [f"temperature {args.temperature:g}"] if args.temperature != 1.0 else []
+    return ", ".join(parts) or "plain sampling"
+
+
 def generated_clips(model, codec, texts: list[str], voices: tuple[str, str], scale: float, max_frames: int,
                     seed: int, monotonic: bool | None = None, speaker_scale: float | None = None,
-                    top_k: int | None = None) -> tuple[list[Clip], dict | None]:
+                    sampling: dict | None = None) -> tuple[list[Clip], dict | None]:
     """Every text in every voice, generated at guidance `scale` (the speaker's: `speaker_scale`, None: the
     same) in one batched call and decoded (monotonic: lm.generate's reading window; None: the LM's
-    default) -> clips, the reading summary (None without the window)."""
+    default; sampling: lm.generate's top_k, top_p, temperature) -> clips, the reading summary (None without
+    the window)."""
     from lm.generate import generate
 
     rows = [(i, v) for i in range(len(texts)) for v in voices]
     with logged_reading() as windows:
         codes, lengths = generate(model, None, max_frames, text=[texts[i] for i, _ in rows],
                                   speaker=[v for _, v in rows], cfg_scale=scale, speaker_cfg_scale=speaker_scale,
-                                  return_lengths=True, seed=seed, monotonic=monotonic, top_k=top_k)
+                                  return_lengths=True, seed=seed, monotonic=monotonic, **(sampling or {}))
     reading = reading_summary(windows[-1], lengths, max_frames) if windows else None
     clips = []
     for r, (i, v) in enumerate(rows):
@@ -356,7 +370,7 @@ def run(args) -> dict:
     for scale in args.cfg:
         t0 = time.perf_counter()
         clips, reading = generated_clips(model, codec, texts, voices, scale, max_frames, args.seed, args.monotonic,
-                                         args.speaker_cfg, args.top_k)
+                                         args.speaker_cfg, sampling_options(args))
         sweep[f"{scale:g}"] = {**summarize(clips, real, voices), "reading": reading,
                                "seconds_taken": time.perf_counter() - t0}
     from lm.alignment import reads_in_order
@@ -424,6 +438,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the speaker's own guidance scale at every --cfg (lm.guidance; default: the same as --cfg)")
     p.add_argument("--top-k", type=int, default=None, metavar="K",
                    help="sample each code from its K most probable (default: plain sampling, every code)")
+    p.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="then from the fewest codes whose probability sums to P (default: off)")
+    p.add_argument("--temperature", type=float, default=1.0, metavar="T",
+                   help="divide the guided logits by T before sampling (default 1)")
     p.add_argument("--voices", nargs=2, default=["font_small", "font_big"], help="the two speakers compared")
     p.add_argument("--max-seconds", type=float, default=12.0, help="longest generation (default 12 s)")
     p.add_argument("--monotonic", action=argparse.BooleanOptionalAction, default=None,
@@ -437,8 +455,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--max-files must be >= 2, --threads >= 1, --max-seconds > 0 and every --cfg and --speaker-cfg >= 0")
     if args.voices[0] == args.voices[1]:
         p.error("--voices must name two different speakers")
-    if args.top_k is not None and args.top_k < 1:
-        p.error("--top-k must be >= 1")
+    if (args.top_k is not None and args.top_k < 1) or not (args.top_p is None or 0 < args.top_p <= 1) \
+            or not args.temperature > 0:
+        p.error("--top-k must be >= 1, --top-p in (0, 1] and --temperature > 0")
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     result = run(args)
@@ -446,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"LM {args.lm}, codec {args.codec}, tokens {args.tokens}/{args.split}, seed {args.seed}, "
           f"monotonic reading {'on' if result['monotonic'] else 'off'}, speaker guidance "
           f"{'as --cfg' if args.speaker_cfg is None else args.speaker_cfg}, "
-          f"{'plain sampling' if args.top_k is None else f'top-k {args.top_k}'}")
+          f"{sampling_label(args)}")
     print("\n".join(report_lines(result, tuple(args.voices))))
     print(f"wall time {wall:.0f} s")
     if args.json:
@@ -454,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
 
         atomic_write_json(args.json, {**result, "lm": args.lm, "codec": args.codec, "tokens": args.tokens,
                                       "split": args.split, "seed": args.seed, "cfg": args.cfg, "speaker_cfg": args.speaker_cfg,
-                                      "top_k": args.top_k, "voices": args.voices,
+                                      "top_k": args.top_k, "top_p": args.top_p, "temperature": args.temperature,
+                                      "voices": args.voices,
                                       "wall_seconds": wall, "torch_threads": torch.get_num_threads(),
                                       "machine": platform.platform()})
     return 0
