@@ -18,11 +18,13 @@ text and speaker); --corpus: the audio folder it came from (the real recordings)
    in training); the table gives the paired difference to the true condition and its se, over whole
    files and over their first --head-seconds (where the audio has not yet shown who speaks).
 2. Voice. Up to --max-files lines spoken by the two --voices (half each, evenly spread), each
-   generated from its text alone (no audio prompt, plain sampling or --top-k/--top-p/--temperature, seeded) in each voice at every
-   --cfg scale (the speaker's own scale: --speaker-cfg, lm.guidance) and decoded by the codec; pYIN
-   median F0 of each clip (rvqlm.metrics.pitch_track) against the median over that speaker's real recordings of the chosen lines, in semitones, and
-   the distance between the two generated voices against the real one; how many clips are voiced
-   (0.1 s of voiced frames: the clips a median is taken over) and their share of voiced frames.
+   generated from its text alone (no audio prompt, plain sampling or --top-k / --top-p / --temperature,
+   seeded) in each voice at every --cfg scale (the speaker's own scale: --speaker-cfg, lm.guidance)
+   and decoded by the codec; pYIN median F0 of each clip (rvqlm.metrics.pitch_track) against the
+   median over that speaker's real recordings of the chosen lines, in semitones, and the distance
+   between the two generated voices against the real one; how many clips are voiced (0.1 s of voiced
+   frames: the clips a median is taken over) and their share of voiced frames, beside each speaker's
+   share in the real recordings and in their codec reconstructions.
 3. Length. Pearson r between each line's real duration and the duration generated for its text in
    the line's own voice (a row that never chose its end stops at --max-seconds: counted), beside
    the r of the real durations against the texts' byte counts alone; with the reading window, how
@@ -285,12 +287,12 @@ def real_clips(codec, shards, files, lines: list[int], corpus: str) -> dict[str,
 
     from codec.audio import load_audio
 
-    out = {"speaker": [], "seconds": [], "f0": [], "dnsmos": [], "recon_dnsmos": []}
+    out = {"speaker": [], "seconds": [], "f0": [], "dnsmos": [], "voiced": [], "recon_dnsmos": [], "recon_voiced": []}
     for i in lines:
         path = Path(corpus) / files.relpaths[i]
         if not path.is_file():
             raise FileNotFoundError(f"{path}: the recording of token file {files.relpaths[i]} is not in --corpus")
-        f0, ovrl, _ = clip_scores(load_audio(path, codec.sample_rate, 1)[0].numpy(), codec.sample_rate)
+        f0, ovrl, voiced = clip_scores(load_audio(path, codec.sample_rate, 1)[0].numpy(), codec.sample_rate)
         entry = shards.entries[files.entry_indices[i]]
         codes = torch.from_numpy(np.asarray(shards.read(entry), dtype=np.int64)).T[None]
         with torch.inference_mode():
@@ -299,7 +301,10 @@ def real_clips(codec, shards, files, lines: list[int], corpus: str) -> dict[str,
         out["seconds"].append(entry.n_frames / codec.frame_rate)
         out["f0"].append(f0)
         out["dnsmos"].append(ovrl)
-        out["recon_dnsmos"].append(clip_scores(recon, codec.sample_rate)[1])
+        out["voiced"].append(voiced)
+        _, recon_ovrl, recon_voiced = clip_scores(recon, codec.sample_rate)
+        out["recon_dnsmos"].append(recon_ovrl)
+        out["recon_voiced"].append(recon_voiced)
     return out
 
 
@@ -381,7 +386,9 @@ def run(args) -> dict:
             "real_seconds_vs_text_bytes_r": bytes_r,
             "max_generated_seconds": max_frames / codec.frame_rate, "sweep": sweep,
             "real": {"dnsmos": mean_se(real["dnsmos"])[:2], "recon_dnsmos": mean_se(real["recon_dnsmos"])[:2],
-                     "mean_seconds": mean_se(real["seconds"])[0]}}
+                     "mean_seconds": mean_se(real["seconds"])[0],
+                     **{key: {v: mean_se([x for x, s in zip(real[of], real["speaker"]) if s == v])[0] for v in voices}
+                        for key, of in (("voiced_frames", "voiced"), ("recon_voiced_frames", "recon_voiced"))}}}
 
 
 def report_lines(result: dict, voices: tuple[str, str]) -> list[str]:
@@ -409,6 +416,8 @@ def report_lines(result: dict, voices: tuple[str, str]) -> list[str]:
                + ", ".join(f"{v} {any_scale['voices'][v]['real_median_f0']:.0f} Hz" for v in voices)
                + f"; DNSMOS {real['dnsmos'][0]:.2f} ± {real['dnsmos'][1]:.2f}, codec reconstruction "
                f"{real['recon_dnsmos'][0]:.2f} ± {real['recon_dnsmos'][1]:.2f}")
+    out.append("   voiced frames, real / codec reconstruction: " + ", ".join(
+        f"{v} {real['voiced_frames'][v]:.2f} / {real['recon_voiced_frames'][v]:.2f}" for v in voices))
     out.append("   the real durations against the texts' byte counts alone: "
                f"r {result['real_seconds_vs_text_bytes_r']:.2f}")
     for scale, s in result["sweep"].items():
@@ -455,9 +464,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--max-files must be >= 2, --threads >= 1, --max-seconds > 0 and every --cfg and --speaker-cfg >= 0")
     if args.voices[0] == args.voices[1]:
         p.error("--voices must name two different speakers")
-    if (args.top_k is not None and args.top_k < 1) or not (args.top_p is None or 0 < args.top_p <= 1) \
-            or not args.temperature > 0:
-        p.error("--top-k must be >= 1, --top-p in (0, 1] and --temperature > 0")
+    from lm.sampling import check_sampling_args
+
+    try:
+        check_sampling_args(args.temperature, args.top_k, args.top_p, greedy=False)
+    except ValueError as e:
+        p.error(str(e).split(";")[0])  # its hint names rvqlm generate's --greedy, which this script lacks
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     result = run(args)
