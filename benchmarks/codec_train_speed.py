@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/codec_train_speed.py [--threads 1] [--steps 7] [--batch 8] [--seconds 1.0]
 
-Each configuration runs the real training computation of `recipes/codec_speech_istft.yaml`
+Each configuration runs the real training computation of `recipes/codec_speech.yaml`
 (encoder, RVQ with EMA updates, decoder, multi-scale mel + waveform L1 + commitment, backward,
 AdamW step) on random audio of the recipe's batch shape; the first step (k-means init, allocator
 warm-up) is left out and the median of the others is reported, with each configuration's ratio to
@@ -21,13 +21,15 @@ import time
 import torch
 
 from codec import Codec, CodecConfig
+from codec.istft_decoder import ISTFTDecoderConfig
 from codec.losses import MultiScaleMelLoss, waveform_l1
+from codec.seanet import SEANetDecoderConfig
 
-CONFIGS = {
-    "seanet (decoder_channels 32)": dict(decoder="seanet"),
-    "istft dim 256 x 8": dict(decoder="istft", decoder_dim=256),
-    "istft dim 384 x 8 (shipped)": dict(decoder="istft", decoder_dim=384),
-    "istft dim 512 x 8": dict(decoder="istft", decoder_dim=512),
+CONFIGS = {  # CodecConfig keyword arguments
+    "seanet (channels 32)": dict(decoder=SEANetDecoderConfig()),
+    "istft dim 256 x 8": dict(decoder=ISTFTDecoderConfig(dim=256)),
+    "istft dim 384 x 8 (shipped)": dict(decoder=ISTFTDecoderConfig()),
+    "istft dim 512 x 8": dict(decoder=ISTFTDecoderConfig(dim=512)),
 }
 
 

@@ -1,26 +1,26 @@
 """CodecConfig: every setting that shapes a codec, validated, round-trippable to JSON; and the
-bitrate arithmetic (frame rate x N_c x ceil(log2 |V|)), written once."""
+bitrate arithmetic (frame rate x N_c x ceil(log2 |V|)), written once.
+
+    sample_rate: 16000, channels: 1, strides: [4, 4, 5, 4], latent_dim: 64, causal: true
+    encoder:   {kind: seanet, channels: 8, ...}       # a registered part kind (codec.parts)
+    quantizer: {n_codebooks: 8, codebook_size: 1024, ...}
+    decoder:   {kind: istft, dim: 384, layers: 8, hop: 160, n_fft: 640}
+
+The defaults are the shipped codec's (models/codec-speech-16k). Version-1 folders held the same
+settings flat (codec.config_v1 reads them, and gives the fingerprints their version-1 form).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from codec.parts import part_config_class
 from rvqlm_core.settings import settings_from_dict
 
-ENCODERS = ("seanet", "stft")
-DECODERS = ("seanet", "istft")
-ISTFT_PHASES = ("angle", "angle_vector")
-# Settings of the STFT encoder and of the iSTFT decoder; they do not shape a SEANet one.
-STFT_ENCODER_SETTINGS = ("encoder", "encoder_dim", "encoder_layers", "encoder_hop")
-ISTFT_DECODER_SETTINGS = ("decoder", "decoder_dim", "decoder_layers", "istft_hop", "istft_n_fft", "istft_phase")
-# Settings that only shape the decoder: they do not enter the token fingerprint.
-DECODER_SETTINGS = (*ISTFT_DECODER_SETTINGS, "decoder_channels")
-_POSITIVE = ("sample_rate", "channels", "encoder_channels", "decoder_channels", "latent_dim", "kernel_size",
-             "residual_kernel_size", "last_kernel_size", "compress", "n_codebooks", "codebook_size",
-             "decoder_dim", "decoder_layers", "istft_hop", "encoder_dim", "encoder_layers", "encoder_hop")
+_TOP = ("sample_rate", "channels", "latent_dim")  # positive integers
 
 
 def bits_per_code(codebook_size: int) -> int:
@@ -35,89 +35,77 @@ def bitrate_kbps(frame_rate: float, n_codebooks: float, codebook_size: int) -> f
     return frame_rate * n_codebooks * bits_per_code(codebook_size) / 1000
 
 
-@dataclass(frozen=True)
-class CodecConfig:
-    """The architecture and quantizer settings of a `Codec`; the defaults are the project's default
-    codec (16 kHz mono, hop 320 -> 50 frames/s, 8 codebooks of 1024 -> 4 kbps).
-    docs/codec.md gives each field's reason."""
+def positive_ints(owner: str, **values: Any) -> None:
+    """ValueError naming `owner.name` unless every value is a positive int (bools are not)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
 
-    sample_rate: int = 16000  # Hz
-    channels: int = 1  # audio channels C
-    strides: tuple[int, ...] = (4, 4, 5, 4)  # SEANet down/up-sampling factors; their product is the hop
-    encoder_channels: int = 8  # SEANet encoder base width
-    decoder_channels: int = 32  # SEANet decoder base width
-    encoder_full_rate_residuals: bool = False  # residual units at the full sample rate in the encoder
-    latent_dim: int = 64  # D, the quantized latent's width
-    dilations: tuple[int, ...] = (1, 3, 9)  # of each SEANet residual unit's convolutions
-    kernel_size: int = 7  # SEANet first-layer kernel
-    residual_kernel_size: int = 3  # SEANet residual-unit kernel
-    last_kernel_size: int = 7  # SEANet last-layer kernel
-    compress: int = 2  # SEANet residual-unit bottleneck factor
-    causal: bool = True  # all padding on the left: a prefix encodes to the whole file's first frames
+
+@dataclass(frozen=True)
+class QuantizerConfig:
+    """The residual vector quantizer: N_c codebooks of |V| codes, EMA-updated (codec.quantizer)."""
+
     n_codebooks: int = 8  # N_c
     codebook_size: int = 1024  # |V|
     ema_decay: float = 0.99  # of the codebooks' EMA statistics
     kmeans_init: bool = True  # k-means on the first training batch
     kmeans_iters: int = 10  # Lloyd iterations of that k-means
     dead_code_threshold: float = 0.02  # EMA assignments per step under which a code is revived
-    quantizer_dropout: float = 0.5  # share of training examples that use a random k in 1..N_c
+    dropout: float = 0.5  # share of training examples that use a random k in 1..N_c
     commitment_weight: float = 1.0  # weight of the commitment loss
-    encoder: str = "seanet"  # one of ENCODERS
-    encoder_dim: int = 256  # STFT encoder: ConvNeXt width
-    encoder_layers: int = 6  # STFT encoder: ConvNeXt blocks
-    encoder_hop: int = 80  # STFT encoder: hop of its input spectra (n_fft = 4 hops)
-    decoder: str = "seanet"  # one of DECODERS
-    decoder_dim: int = 384  # iSTFT decoder: ConvNeXt width
-    decoder_layers: int = 8  # iSTFT decoder: ConvNeXt blocks
-    istft_hop: int = 80  # iSTFT decoder: hop of its output spectra
-    istft_n_fft: int | None = None  # iSTFT decoder: window and FFT size (None: 4 * istft_hop)
-    istft_phase: str = "angle"  # iSTFT decoder: phase head, one of ISTFT_PHASES
 
     def __post_init__(self) -> None:
-        # Accept lists (JSON, YAML) for the tuple fields, and keep the dataclass hashable.
-        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
-        object.__setattr__(self, "dilations", tuple(int(d) for d in self.dilations))
-        for name in _POSITIVE:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"CodecConfig.{name} must be a positive integer, got {value!r}")
+        positive_ints("quantizer", n_codebooks=self.n_codebooks, codebook_size=self.codebook_size)
+        if self.codebook_size < 2:
+            raise ValueError(f"quantizer.codebook_size must be >= 2, got {self.codebook_size}")
+
+
+def _default_part(role: str):
+    return lambda: part_config_class(role, {"encoder": "seanet", "decoder": "istft"}[role])()
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    """The settings of a `Codec`: the frame grid shared by its parts, and each part's own settings
+    (`encoder` and `decoder`: registered part configs, codec.parts). docs/codec.md gives each reason."""
+
+    sample_rate: int = 16000  # Hz
+    channels: int = 1  # audio channels C
+    strides: tuple[int, ...] = (4, 4, 5, 4)  # down/up-sampling factors; their product is the hop
+    latent_dim: int = 64  # D, the quantized latent's width
+    causal: bool = True  # all padding on the left: a prefix encodes to the whole file's first frames
+    encoder: Any = field(default_factory=_default_part("encoder"))
+    quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)
+    decoder: Any = field(default_factory=_default_part("decoder"))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))  # lists from JSON / YAML
+        positive_ints("CodecConfig", **{name: getattr(self, name) for name in _TOP})
         if not self.strides or any(s < 1 for s in self.strides):
             raise ValueError(f"CodecConfig.strides must be positive integers, got {self.strides}")
-        if any(d < 1 for d in self.dilations):
-            raise ValueError(f"CodecConfig.dilations must be positive integers, got {self.dilations}")
-        if self.codebook_size < 2:
-            raise ValueError(f"CodecConfig.codebook_size must be >= 2, got {self.codebook_size}")
-        for name, allowed in (("encoder", ENCODERS), ("decoder", DECODERS), ("istft_phase", ISTFT_PHASES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"CodecConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        self._check_hops()
-
-    def _check_hops(self) -> None:
-        if self.encoder == "stft" and self.hop_length % self.encoder_hop:
-            raise ValueError(f"CodecConfig.encoder_hop {self.encoder_hop} must divide hop_length {self.hop_length}")
-        if self.decoder == "istft" and self.hop_length % self.istft_hop:
-            raise ValueError(f"CodecConfig.istft_hop {self.istft_hop} must divide hop_length {self.hop_length}")
-        n_fft = self.istft_n_fft
-        if n_fft is not None and (isinstance(n_fft, bool) or not isinstance(n_fft, int) or n_fft < 2 * self.istft_hop
-                                  or n_fft % 2):
-            raise ValueError(f"CodecConfig.istft_n_fft must be None or an even integer >= 2 * istft_hop "
-                             f"({2 * self.istft_hop}), got {n_fft!r}")
         if self.sample_rate % self.hop_length:
             raise ValueError(f"sample_rate {self.sample_rate} is not a multiple of hop_length {self.hop_length}; "
                              "frame_rate would not be an integer")
+        for part in (self.encoder, self.decoder):
+            if hasattr(part, "check"):
+                part.check(self)
 
     @property
     def hop_length(self) -> int:
         return math.prod(self.strides)
 
     @property
-    def istft_window(self) -> int:
-        """The iSTFT decoder's n_fft: `istft_n_fft`, or 4 * istft_hop when unset."""
-        return self.istft_n_fft or 4 * self.istft_hop
-
-    @property
     def frame_rate(self) -> int:
         return self.sample_rate // self.hop_length
+
+    @property
+    def n_codebooks(self) -> int:
+        return self.quantizer.n_codebooks
+
+    @property
+    def codebook_size(self) -> int:
+        return self.quantizer.codebook_size
 
     @property
     def bitrate_kbps(self) -> float:
@@ -125,22 +113,61 @@ class CodecConfig:
         return bitrate_kbps(self.frame_rate, self.n_codebooks, self.codebook_size)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["strides"], d["dilations"] = list(self.strides), list(self.dilations)
-        return d
+        """The nested JSON form (what config.json holds from format version 2 on)."""
+        top = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in (*_TOP, "causal")}
+        return {**top, "strides": list(self.strides), "encoder": part_dict(self.encoder),
+                "quantizer": dataclasses.asdict(self.quantizer), "decoder": part_dict(self.decoder)}
 
     def shaping_settings(self) -> dict[str, Any]:
-        """`to_dict()` without the settings that do not shape this codec, the dict its fingerprints hash:
-        a SEANet encoder leaves out `STFT_ENCODER_SETTINGS`, a SEANet decoder `ISTFT_DECODER_SETTINGS`,
-        and `istft_phase` is left out at its default "angle"."""
-        settings = self.to_dict()
-        unused = (STFT_ENCODER_SETTINGS if self.encoder == "seanet" else ()) + \
-                 (ISTFT_DECODER_SETTINGS if self.decoder == "seanet" else ())
-        if self.istft_phase == "angle":
-            unused += ("istft_phase",)
-        return {k: v for k, v in settings.items() if k not in unused}
+        """The dict `Codec.fingerprint` hashes: the version-1 flat settings where this codec has
+        them (every codec version 1 could describe keeps its fingerprint), else `to_dict()`."""
+        from codec.config_v1 import flat_settings
+
+        return flat_settings(self) or {"format_version": 2, **self.to_dict()}
+
+    def token_settings(self) -> dict[str, Any]:
+        """The dict `Codec.token_fingerprint` hashes: the shaping settings of what makes the tokens
+        (frame grid, encoder, quantizer), version-1 flat where version 1 had them; never the decoder's."""
+        from codec.config_v1 import flat_token_settings
+
+        return flat_token_settings(self) or {"format_version": 2, **{k: v for k, v in self.to_dict().items()
+                                                                   if k != "decoder"}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, source: str = "codec config") -> "CodecConfig":
-        """Build from a dict of the fields, refusing unknown keys by name."""
+        """Build from the nested dict (`to_dict`'s form; any setting left out is its default),
+        refusing unknown keys by name. A part given without `kind` is the default kind."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: expected a JSON object of CodecConfig settings, got {type(d).__name__}")
+        d = dict(d)
+        for role in ("encoder", "decoder"):
+            if role in d:
+                d[role] = part_from_dict(role, d[role], f"{source}: {role}")
+        if "quantizer" in d:
+            d["quantizer"] = settings_from_dict(QuantizerConfig, d["quantizer"], f"{source}: quantizer")
         return settings_from_dict(cls, d, source)
+
+    @classmethod
+    def from_flat(cls, d: dict[str, Any], *, source: str = "codec config") -> "CodecConfig":
+        """Build from version 1's flat dict (config.json of format version 1; missing settings take
+        version 1's defaults, e.g. a SEANet decoder). codec.config_v1 has the mapping."""
+        from codec.config_v1 import nested_from_flat
+
+        return cls.from_dict(nested_from_flat(d, source), source=source)
+
+
+def part_dict(part: Any) -> dict[str, Any]:
+    """A part config as JSON: {"kind": ..., its fields}, tuples as lists."""
+    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(part).items()}
+    return {"kind": part.kind, **fields}
+
+
+def part_from_dict(role: str, d: Any, source: str) -> Any:
+    """The registered config of `d` ({"kind": ..., settings}); an already-built config as is."""
+    if dataclasses.is_dataclass(d):
+        return d
+    if not isinstance(d, dict):
+        raise ValueError(f"{source}: expected an object of {role} settings, got {type(d).__name__}")
+    d = dict(d)
+    kind = d.pop("kind", _default_part(role)().kind)
+    return settings_from_dict(part_config_class(role, kind), d, source)

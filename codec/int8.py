@@ -1,11 +1,11 @@
-"""The codec's decoder in int8: its nn.Linear layers (in the iSTFT decoder, the ConvNeXt MLPs and the
-spectrum head, ~97% of its weights) stored as int8 rows with per-output-channel scales and run as
-rvqlm_core Int8Linear layers; its convolutions stay float32. The encoder and quantizer are never
+"""The codec's decoder in int8: its nn.Linear layers, whatever the decoder part (in the iSTFT decoder,
+the ConvNeXt MLPs and the spectrum head, ~97% of its weights), stored as int8 rows with
+per-output-channel scales and run as rvqlm_core Int8Linear layers; its convolutions stay float32. The encoder and quantizer are never
 touched, so the tokens and `token_fingerprint()` stay those of the float codec.
 
 `Codec.save_pretrained(path, decoder_dtype="int8")` writes `"weight_dtype": "int8"` beside the
 config; `Codec.from_pretrained` loads such a folder into an inference-only codec (`train()` refuses).
-benchmarks/codec_int8.py measures what it gains (docs/codec.md).
+What it gains: docs/codec.md.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def int8_decoder_state(codec: nn.Module, state: dict[str, Tensor]) -> tuple[dict
     without linear layers."""
     linears = decoder_linear_weights(codec)
     if not linears:
-        raise ValueError("decoder_dtype int8 needs a decoder with linear layers (the iSTFT decoder); "
-                         "this codec's SEANet decoder is all convolutions")
+        raise ValueError("decoder_dtype int8 needs a decoder with linear layers (e.g. the iSTFT decoder); "
+                         "this codec's decoder has none")
     stored = quantized_state(float_linear_state(state), which=lambda name: name in linears)
     as_loaded = {}
     for name, value in stored.items():

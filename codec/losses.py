@@ -5,8 +5,6 @@
   between two FFT bins (an empty filter would give a constant, useless band). Its `terms` also
   gives a loudness-scale distance on the same spectrograms (mel magnitudes to the power 0.3).
 * `waveform_l1`: mean absolute sample error.
-* `PhaseDerivativeLoss`: how far the short-time phase structure of the output is from the
-  original's (group delay and instantaneous frequency), weighted by magnitude.
 * `si_sdr`: scale-invariant signal-to-distortion ratio in dB, per example.
 * `mel_distance`: the multi-scale log-mel L1 as a metric (no gradient needed), reusable to compare
   codecs (ours, Opus, ...) at the same bitrate.
@@ -87,67 +85,6 @@ class MultiScaleMelLoss(nn.Module):
         if reduction == "mean":
             return per_example.mean(), (loud_per_example.mean() if loudness else None)
         return per_example, loud_per_example
-
-
-class PhaseDerivativeLoss(nn.Module):
-    """Phase-derivative losses after APNet (Ai & Ling 2023), for decoders that make their own phase.
-
-    x_hat, x: [B, C, S] -> scalar in [0, 2]. With X = STFT(x) and Y = STFT(x_hat) (Hann window,
-    n_fft, hop; the iSTFT decoder's own resolution by default) and u = X / |X|, v = Y / |Y| their
-    unit phasors, the loss is the mean of two terms, each a weighted mean of 1 - cos(difference of
-    angles), so phase wrapping needs no special care:
-
-      group delay             the phase step between neighbouring bins of a frame
-      instantaneous frequency the phase step between consecutive frames of a bin
-
-    The absolute phase is left out (why: docs/experiments.md). Every bin counts in proportion to the original's magnitude to the power `magnitude_power`
-    (0.5: quiet harmonics still count, silent bins, whose phase is noise, hardly do); a pair of
-    bins counts with the smaller weight. `eps` (relative to each example's peak magnitude) keeps
-    the phasor of a near-zero output bin finite.
-    """
-
-    def __init__(self, n_fft: int = 320, hop_length: int = 80, magnitude_power: float = 0.5, eps: float = 1e-6):
-        super().__init__()
-        self.n_fft, self.hop_length, self.magnitude_power, self.eps = n_fft, hop_length, magnitude_power, eps
-        self.register_buffer("window", torch.hann_window(n_fft), persistent=False)
-
-    def _stft(self, wav: torch.Tensor) -> torch.Tensor:
-        return torch.stft(wav.reshape(-1, wav.shape[-1]).float(), self.n_fft, self.hop_length, self.n_fft,
-                          self.window, center=True, return_complex=True)  # [B*C, bins, frames]
-
-    def forward(self, x_hat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if x_hat.shape != x.shape:
-            raise ValueError(f"shapes differ: {tuple(x_hat.shape)} vs {tuple(x.shape)}")
-        return self.spectral(self._stft(x_hat), self._stft(x))
-
-    def on_spectrum(self, spectrum: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The loss of a decoder's own predicted spectra (before overlap-add) against x [B, C, S]:
-        spectrum [B * C, n_fft/2+1, frames], frame j centred on sample j * hop_length (as
-        ISTFTDecoder.spectrum gives with this loss's n_fft and hop). x is zero-padded to fit."""
-        total = spectrum.shape[-1] * self.hop_length
-        x = F.pad(x, (0, max(total - x.shape[-1], 0)))[..., :total]
-        X = self._stft(x)[..., : spectrum.shape[-1]]
-        if X.shape != spectrum.shape:
-            raise ValueError(f"spectrum {tuple(spectrum.shape)} does not match this loss's STFT {tuple(X.shape)} "
-                             f"(n_fft {self.n_fft}, hop {self.hop_length})")
-        return self.spectral(spectrum, X)
-
-    def spectral(self, Y: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        """The loss between complex spectra Y (estimate) and X (original), both [N, bins, frames]."""
-        floor = self.eps * X.abs().amax(dim=(1, 2), keepdim=True).clamp(min=1e-8)
-        u = X / (X.abs() + floor)
-        v = Y / (Y.abs() + floor)
-        w = X.abs().pow(self.magnitude_power)
-
-        def term(dim: int) -> torch.Tensor:
-            n = u.shape[dim]
-            first, rest = (lambda t: t.narrow(dim, 0, n - 1)), (lambda t: t.narrow(dim, 1, n - 1))
-            step_u, step_v = rest(u) * first(u).conj(), rest(v) * first(v).conj()  # phase steps as phasors
-            weight = torch.minimum(rest(w), first(w))
-            # 1 - cos(angle(step_v) - angle(step_u)) = 1 - Re(step_v conj(step_u)) for unit phasors
-            return (weight * (1 - (step_v * step_u.conj()).real)).sum() / weight.sum().clamp(min=1e-8)
-
-        return (term(1) + term(2)) / 2  # group delay (along bins), instantaneous frequency (along frames)
 
 
 def waveform_l1(x_hat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

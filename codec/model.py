@@ -4,7 +4,8 @@
     wav = codec.decode(codes)    # codes [B, k, T], 1 <= k <= N_c   -> [B, C, T * hop]
     codec.streaming_encoder(), codec.streaming_decoder()  # the same, chunk by chunk (codec/streaming.py)
 
-A saved codec is a folder (`rvqlm_core.persistence`): `config.json` (the `CodecConfig` fields),
+The encoder and decoder are registered parts (codec.parts), built from their configs.
+A saved codec is a folder (`rvqlm_core.persistence`): `config.json` (the nested `CodecConfig`),
 `model.safetensors` (every parameter and buffer, quantizer EMA statistics included; the decoder's
 tensors optionally in half precision) and optionally `discriminator.safetensors`.
 `fingerprint()` is a sha256 of the settings and all weights; `token_fingerprint()` covers only what
@@ -13,6 +14,7 @@ makes and means the tokens (encoder, quantizer, their settings), which files of 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,19 +26,18 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from codec.config import DECODER_SETTINGS, CodecConfig, bitrate_kbps
+from codec.config import CodecConfig, bitrate_kbps
 from codec.discriminator import save_discriminator
-from codec.istft_decoder import ISTFTDecoder
-from codec.modules import SEANetDecoder, SEANetEncoder
-from codec.quantizer import QuantizerOutput, ResidualVectorQuantizer
-from codec.stft_encoder import STFTEncoder
 from codec.int8 import int8_decoder_state, to_int8_decoder
+from codec.parts import build_part
+from codec.quantizer import QuantizerOutput, ResidualVectorQuantizer
 from rvqlm_core.int8_linear import float_linear_state
 from rvqlm_core.persistence import (CONFIG_FILE, WEIGHTS_FILE, FolderFormat, cpu_state, dequantized_state, load_state,
                                     read_folder, save_folder, stored_state)
 
 DISCRIMINATOR_NAME = "discriminator.safetensors"
-FOLDER_FORMAT = FolderFormat("codec", "format", "rvqlm-codec", 1, extra_files=(DISCRIMINATOR_NAME,))
+# Version 2: config.json nested by part; version 1 (flat) is read too (codec.config_v1).
+FOLDER_FORMAT = FolderFormat("codec", "format", "rvqlm-codec", 2, extra_files=(DISCRIMINATOR_NAME,))
 
 
 def _is_decoder(name: str) -> bool:
@@ -50,14 +51,11 @@ class CodecOutput:
     audio: [B, C, S] reconstruction, trimmed to the input length.
     quantizer: the QuantizerOutput (codes [B, k, T], commit_loss, usage metrics).
     latent: [B, D, T] encoder output before quantization.
-    spectrum: the iSTFT decoder's predicted complex spectra [B * C, bins, T * hop / istft_hop]
-        (frame j centred on sample j * istft_hop), or None for other decoders.
     """
 
     audio: torch.Tensor
     quantizer: QuantizerOutput
     latent: torch.Tensor = field(repr=False)
-    spectrum: torch.Tensor | None = field(default=None, repr=False)
 
 
 class Codec(nn.Module):
@@ -66,27 +64,13 @@ class Codec(nn.Module):
     def __init__(self, config: CodecConfig | None = None):
         super().__init__()
         self.config = config = config or CodecConfig()
-        common = dict(channels=config.channels, latent_dim=config.latent_dim, strides=config.strides,
-                      dilations=config.dilations, kernel_size=config.kernel_size,
-                      residual_kernel_size=config.residual_kernel_size, last_kernel_size=config.last_kernel_size,
-                      compress=config.compress, causal=config.causal)
-        if config.encoder == "stft":
-            self.encoder = STFTEncoder(config.channels, config.latent_dim, config.hop_length, config.encoder_hop,
-                                       dim=config.encoder_dim, n_layers=config.encoder_layers, causal=config.causal)
-        else:
-            self.encoder = SEANetEncoder(base_channels=config.encoder_channels,
-                                         full_rate_residuals=config.encoder_full_rate_residuals, **common)
+        self.encoder = build_part("encoder", config.encoder, config)
+        q = config.quantizer
         self.quantizer = ResidualVectorQuantizer(
-            config.latent_dim, config.n_codebooks, config.codebook_size, decay=config.ema_decay,
-            kmeans_init=config.kmeans_init, kmeans_iters=config.kmeans_iters,
-            dead_code_threshold=config.dead_code_threshold, quantizer_dropout=config.quantizer_dropout,
-            commitment_weight=config.commitment_weight)
-        if config.decoder == "istft":
-            self.decoder = ISTFTDecoder(config.channels, config.latent_dim, config.hop_length, config.istft_hop,
-                                        dim=config.decoder_dim, n_layers=config.decoder_layers, causal=config.causal,
-                                        phase=config.istft_phase, n_fft=config.istft_window)
-        else:
-            self.decoder = SEANetDecoder(base_channels=config.decoder_channels, **common)
+            config.latent_dim, q.n_codebooks, q.codebook_size, decay=q.ema_decay, kmeans_init=q.kmeans_init,
+            kmeans_iters=q.kmeans_iters, dead_code_threshold=q.dead_code_threshold, quantizer_dropout=q.dropout,
+            commitment_weight=q.commitment_weight)
+        self.decoder = build_part("decoder", config.decoder, config)
 
     # ------------------------------------------------------------------ properties
 
@@ -158,12 +142,7 @@ class Codec(nn.Module):
         length = wav.shape[-1]
         latent = self.encoder(self.pad_to_hop(wav))
         q = self.quantizer(latent, n_q=n_q)
-        if isinstance(self.decoder, ISTFTDecoder):
-            spectrum = self.decoder.spectrum(q.quantized)
-            audio = self.decoder.synthesize(spectrum, wav.shape[0])[..., :length]
-        else:
-            spectrum, audio = None, self.decoder(q.quantized)[..., :length]
-        return CodecOutput(audio=audio, quantizer=q, latent=latent, spectrum=spectrum)
+        return CodecOutput(audio=self.decoder(q.quantized)[..., :length], quantizer=q, latent=latent)
 
     # ------------------------------------------------------------------ inference API
 
@@ -237,9 +216,8 @@ class Codec(nn.Module):
     def token_fingerprint(self) -> str:
         """sha256 hex of what decides the token ids and what they mean: the shaping settings except the
         decoder's, and the encoder and quantizer tensors. A decoder-only fine-tune keeps it."""
-        settings = {k: v for k, v in self.config.shaping_settings().items() if k not in DECODER_SETTINGS}
         state = {k: v for k, v in self.state_dict().items() if not _is_decoder(k)}
-        return self._hash(settings, state)
+        return self._hash(self.config.token_settings(), state)
 
     def accepts_tokens(self, fingerprint: str | None) -> bool:
         """Whether tokens recorded with `fingerprint` (a `.rvq` header, a token folder, an LM's config)
@@ -272,14 +250,25 @@ class Codec(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, map_location: str | torch.device = "cpu") -> "Codec":
         """Load a folder written by `save_pretrained`. Clear errors for every way it can be wrong."""
-        raw, state = read_folder(path, FOLDER_FORMAT)
+        version = _folder_version(path)
+        raw, state = read_folder(path, dataclasses.replace(FOLDER_FORMAT, version=version))
         weight_dtype = raw.pop("weight_dtype", "float")
         state, pairs = dequantized_state(state)
         if weight_dtype not in ("float", "int8") or bool(pairs) != (weight_dtype == "int8"):
             raise ValueError(f"{path}: weight_dtype {weight_dtype!r} does not describe its weights "
                              f"({len(pairs)} int8 tensors); export the codec again")
-        model = cls(CodecConfig.from_dict(raw, source=str(Path(path) / CONFIG_FILE)))
+        read = CodecConfig.from_flat if version == 1 else CodecConfig.from_dict
+        model = cls(read(raw, source=str(Path(path) / CONFIG_FILE)))
         load_state(model, state, Path(path) / WEIGHTS_FILE, may_cast=_is_decoder)
         if pairs:
             to_int8_decoder(model, pairs)
         return model.to(map_location).eval()
+
+
+def _folder_version(path: str | os.PathLike) -> int:
+    """1 for a folder of format version 1 (flat config.json), else this rvqlm's (read_folder checks it)."""
+    try:
+        header = json.loads((Path(path) / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return FOLDER_FORMAT.version
+    return 1 if isinstance(header, dict) and header.get("format_version") == 1 else FOLDER_FORMAT.version

@@ -1,4 +1,4 @@
-"""Convolutional building blocks and the SEANet encoder / decoder of the codec.
+"""The codec's building blocks: padded convolutions, the SEANet residual unit, ConvNeXt blocks.
 
 Every convolution pads its input itself so that lengths stay exact multiples of the strides:
 an input of `S = T * hop_length` samples becomes exactly `T` latent frames, and `T` frames decode
@@ -6,16 +6,16 @@ to exactly `T * hop_length` samples. With `causal=True` all padding goes on the 
 frame `t` depends only on samples `< (t + 1) * hop_length`: encoding a prefix yields the same
 first frames as encoding the whole signal, which is what streaming / chunked encoding needs.
 
-The receptive field of the encoder is computed exactly from the layer list
-(`SEANetEncoder.frame_span`), so chunked encoders know how much context to carry.
+`frame_span_of` computes a stack's receptive field exactly from its layers, so chunked encoders
+know how much context to carry.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Iterator, Sequence
 
 import torch
+from einops import rearrange
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils.parametrizations import weight_norm
@@ -95,7 +95,7 @@ def frame_span_of(spans: Sequence[tuple[int, int, int]]) -> tuple[int, int]:
     return lo, hi
 
 
-def _layer_spans(layers: Iterator[nn.Module]) -> list[tuple[int, int, int]]:
+def layer_spans(layers: Iterator[nn.Module]) -> list[tuple[int, int, int]]:
     spans = []
     for layer in layers:
         if hasattr(layer, "span"):
@@ -103,93 +103,38 @@ def _layer_spans(layers: Iterator[nn.Module]) -> list[tuple[int, int, int]]:
     return spans
 
 
-class SEANetEncoder(nn.Module):
-    """Waveform -> latent frames. wav [B, channels, S] -> z [B, latent_dim, S / hop_length].
+def conv_padding(kernel_size: int, causal: bool) -> tuple[int, int]:
+    """(left, right) padding that keeps a stride-1 convolution's length: all on the left when causal."""
+    return (kernel_size - 1, 0) if causal else ((kernel_size - 1) // 2, kernel_size // 2)
 
-    conv(k=7) to `base_channels`, then per stride s: residual units (dilations 1, 3, 9), ELU and a
-    strided conv (kernel 2s) that doubles the channels; ELU and a final conv to `latent_dim`.
-    full_rate_residuals=False leaves out the residual units of the first level (at the full sample rate).
+
+class ConvNeXtBlock(nn.Module):
+    """x + gamma * Linear(GELU(Linear(LayerNorm(DepthwiseConv(x))))). [B, D, T] -> [B, D, T].
+
+    The depthwise convolution (kernel 7) pads on the left only when causal. gamma is a learned
+    per-channel layer scale, started small so that the stack begins close to the identity.
     """
 
-    def __init__(self, channels: int = 1, latent_dim: int = 128, base_channels: int = 16,
-                 strides: Sequence[int] = (2, 4, 5, 8), dilations: Sequence[int] = (1, 3, 9), *,
-                 kernel_size: int = 7, residual_kernel_size: int = 3, last_kernel_size: int = 7,
-                 compress: int = 2, causal: bool = False, full_rate_residuals: bool = True):
+    def __init__(self, dim: int, hidden: int, *, kernel_size: int = 7, causal: bool = False,
+                 layer_scale: float = 1e-1):
         super().__init__()
-        self.hop_length = math.prod(strides)
-        layers: list[nn.Module] = [PaddedConv1d(channels, base_channels, kernel_size, causal=causal)]
-        width = base_channels
-        for level, stride in enumerate(strides):
-            for d in dilations if (level > 0 or full_rate_residuals) else ():
-                layers.append(ResidualUnit(width, kernel_size=residual_kernel_size, dilation=d, compress=compress,
-                                           causal=causal))
-            layers += [nn.ELU(), PaddedConv1d(width, width * 2, 2 * stride, stride=stride, causal=causal)]
-            width *= 2
-        layers += [nn.ELU(), PaddedConv1d(width, latent_dim, last_kernel_size, causal=causal)]
-        self.layers = nn.Sequential(*layers)
+        self.pad = conv_padding(kernel_size, causal)
+        self.dwconv = nn.Conv1d(dim, dim, kernel_size, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), layer_scale))
 
-    def forward(self, wav: torch.Tensor) -> torch.Tensor:
-        return self.layers(wav)
-
-    @torch.no_grad()
-    def grow_from(self, narrower: "SEANetEncoder") -> None:
-        """Take a trained encoder with fewer base channels into this wider one, as the same function.
-
-        Every layer of `narrower` holds a leading block of this one's channels: its weights are
-        copied there, the weights from the new input channels into the old output channels are
-        zero, and the new output channels keep their fresh initialisation. The old channels then
-        compute exactly what they did, the final conv reads only them, so z [B, latent_dim, T] is
-        unchanged at step 0 (up to float summation order), while the new channels get gradients
-        and can learn what the narrow encoder had no room for. Weight norm (g * v / |v|, a norm
-        per output channel) is unaffected: the zeros add nothing to an old channel's |v|.
-        """
-        mine, theirs = self.state_dict(), narrower.state_dict()
-        if set(mine) != set(theirs):
-            raise ValueError("grow_from needs an encoder of the same layers (strides, dilations, residual units); "
-                             f"tensors differ: {sorted(set(mine) ^ set(theirs))[:4]}")
-        for name, old in theirs.items():
-            new = mine[name]
-            if (new.dim() != old.dim() or any(n < o for n, o in zip(new.shape, old.shape))
-                    or (new.dim() == 3 and new.shape[2] != old.shape[2])):
-                raise ValueError(f"grow_from: {name} is {tuple(old.shape)} in the narrower encoder, "
-                                 f"which does not fit in this one's {tuple(new.shape)}")
-            new[tuple(slice(0, n) for n in old.shape)] = old
-            if name.endswith("weight.original1"):  # v [out, in, k]: old outputs ignore the new inputs
-                new[: old.shape[0], old.shape[1]:] = 0
-
-    def frame_span(self) -> tuple[int, int]:
-        """(lo, hi) such that latent frame t depends exactly on samples t * hop + lo ... t * hop + hi.
-
-        lo <= 0 is minus the past context, hi - (hop - 1) the look-ahead (0 when causal); the
-        receptive field is hi - lo + 1 samples. Padding at the signal edges is zeros.
-        """
-        return frame_span_of(_layer_spans(self.layers))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dwconv(F.pad(x, self.pad))
+        h = rearrange(h, "b d t -> b t d")
+        h = self.gamma * self.down(F.gelu(self.up(self.norm(h))))
+        return x + rearrange(h, "b t d -> b d t")
 
 
-class SEANetDecoder(nn.Module):
-    """Latent frames -> waveform. z [B, latent_dim, T] -> wav [B, channels, T * hop_length].
-
-    Mirror of the encoder: conv(k=7) to `base_channels * 2**len(strides)`, then per stride (in
-    reverse order) ELU, a transposed conv (kernel 2s) that halves the channels, residual units;
-    ELU and a final conv to `channels`. No output non-linearity.
-    """
-
-    def __init__(self, channels: int = 1, latent_dim: int = 128, base_channels: int = 32,
-                 strides: Sequence[int] = (2, 4, 5, 8), dilations: Sequence[int] = (1, 3, 9), *,
-                 kernel_size: int = 7, residual_kernel_size: int = 3, last_kernel_size: int = 7,
-                 compress: int = 2, causal: bool = False):
-        super().__init__()
-        self.hop_length = math.prod(strides)
-        width = base_channels * 2 ** len(strides)
-        layers: list[nn.Module] = [PaddedConv1d(latent_dim, width, kernel_size, causal=causal)]
-        for stride in reversed(strides):
-            layers += [nn.ELU(), PaddedConvTranspose1d(width, width // 2, 2 * stride, stride=stride, causal=causal)]
-            width //= 2
-            for d in dilations:
-                layers.append(ResidualUnit(width, kernel_size=residual_kernel_size, dilation=d, compress=compress,
-                                           causal=causal))
-        layers += [nn.ELU(), PaddedConv1d(width, channels, last_kernel_size, causal=causal)]
-        self.layers = nn.Sequential(*layers)
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return self.layers(z)
+def convnext_blocks(dim: int, n_layers: int, hidden: int | None = None, *, kernel_size: int = 7,
+                    causal: bool = False) -> nn.ModuleList:
+    """n_layers ConvNeXt blocks of width dim (MLP width `hidden`, default 3 * dim), layer scale 1 / n_layers."""
+    return nn.ModuleList(
+        ConvNeXtBlock(dim, hidden or 3 * dim, kernel_size=kernel_size, causal=causal, layer_scale=1.0 / n_layers)
+        for _ in range(n_layers))

@@ -23,9 +23,9 @@ a tie (none in the tests). On the GPU no kernel is pinned. The decoder, which ow
 plain kernels unless built with `exact=True` (then about twice the compute per frame).
 
 Latency: a frame's codes exist once its last sample has arrived (the causal encoder has no
-look-ahead). The SEANet decoder's output for a frame is final at once; the iSTFT decoder's
-overlap-add needs the next n_fft / 2 samples' spectra as well, so its audio lags the codes by
-n_fft / 2 samples (`lookahead_samples`). An input sample thus comes back at most
+look-ahead). Each part streams itself (`streaming_step`, codec.parts): the SEANet decoder's output
+for a frame is final at once; the iSTFT decoder's overlap-add needs the next n_fft / 2 samples'
+spectra as well, so its audio lags the codes by n_fft / 2 samples (`lookahead_samples`). An input sample thus comes back at most
 hop_length + lookahead_samples samples later (`latency_samples`), plus compute time.
 
 Only causal codecs (config `causal: true`) stream; a step object snapshots the codec's weights
@@ -39,12 +39,6 @@ from typing import NamedTuple
 
 import torch
 from einops import rearrange
-from torch.nn import functional as F
-
-from codec.istft_decoder import ISTFTDecoder
-from codec.stft_encoder import STFTEncoder
-from codec.streaming_layers import (MIN_ROWS, Chain, ConvNeXtStep, ConvStep, Hold, Step, padding_frames, per_frame,
-                                    seanet_steps)
 
 
 def _check_causal(codec) -> None:
@@ -57,77 +51,6 @@ def _batch_check(batch: int | None, x: torch.Tensor, what: str) -> int:
     if batch is not None and x.shape[0] != batch:
         raise ValueError(f"this stream carries {batch} signals; got a {what} chunk of batch {x.shape[0]}")
     return x.shape[0]
-
-
-class STFTEncoderStep(Step):
-    """The STFT encoder over chunks: wav [B, C, n] -> latents [B, latent_dim, frames completed]."""
-
-    def __init__(self, encoder: STFTEncoder):
-        if encoder.stft_pad[1]:
-            raise ValueError("streaming needs a causal STFT encoder (windows end at their last sample)")
-        self.encoder = encoder
-        self.dft = ConvStep(encoder.basis, None, stride=encoder.stft_hop, pad_left=encoder.stft_pad[0])
-        self.hold = Hold(encoder.per_frame)
-        self.blocks = Chain([ConvNeXtStep(b) for b in encoder.blocks])
-
-    def step(self, x: torch.Tensor) -> torch.Tensor:
-        e, b, r = self.encoder, x.shape[0], self.encoder.per_frame
-        spec = self.hold.step(self.dft.step(x.reshape(b * x.shape[1], 1, x.shape[-1])))  # [(B C), 2 bins, r m]
-        m = spec.shape[-1] // r
-        extra = padding_frames(b, m, r)  # zero frames through the frame-by-frame parts (see streaming_layers)
-        h = e.embed_spectra(e.compress(F.pad(spec, (0, r * extra)), b))[..., :m]
-        return e.project_frames(F.pad(self.blocks.step(h), (0, extra)))[..., :m]
-
-
-class OverlapAdd:
-    """`torch.istft(center=True)` over chunks of spectra: windowed inverse FFTs summed into a
-    pending tail, divided by the summed squared window once no later spectrum can reach them.
-
-    Spectrum j covers samples j * hop - n_fft/2 ... j * hop + n_fft/2 - 1 of the output, so after
-    spectra 0..J the samples before (J + 1) * hop - n_fft/2 are final.
-    """
-
-    def __init__(self, window: torch.Tensor, hop: int):
-        self.window, self.hop, self.n_fft = window, hop, window.shape[0]
-        self.trim = self.n_fft // 2
-        self.spectra = 0  # pushed so far
-        self.start = 0  # full-OLA position of the tail's first sample
-        self.tail: torch.Tensor | None = None  # [N, pending] sums
-        self.envelope = window.new_zeros(0)  # [pending] summed squared windows
-
-    def _fold(self, frames: torch.Tensor) -> torch.Tensor:
-        """[N, n_fft, m] -> [N, (m - 1) * hop + n_fft], overlap-added."""
-        m = frames.shape[-1]
-        out = F.fold(frames, (1, (m - 1) * self.hop + self.n_fft), (1, self.n_fft), stride=(1, self.hop))
-        return out[:, 0, 0]
-
-    def push(self, spec: torch.Tensor) -> torch.Tensor:
-        """Complex spectra [N, n_fft/2 + 1, m] -> the samples they make final, [N, s]."""
-        if spec.shape[-1]:
-            frames = torch.fft.irfft(spec, n=self.n_fft, dim=-2) * self.window[:, None]
-            ola = self._fold(frames)
-            env = self._fold(self.window.square()[None, :, None].expand(1, -1, spec.shape[-1]))[0]
-            if self.tail is not None:
-                ola[:, : self.tail.shape[-1]] += self.tail
-                env[: self.envelope.shape[0]] += self.envelope
-            self.tail, self.envelope = ola, env
-            self.spectra += spec.shape[-1]
-        return self._emit(self.spectra * self.hop, spec.shape[0])
-
-    def flush(self, n: int) -> torch.Tensor:
-        """The last samples, up to `torch.istft`'s length (spectra x hop): [N, s]."""
-        return self._emit(self.spectra * self.hop + self.trim, n)
-
-    def _emit(self, end: int, n: int) -> torch.Tensor:
-        if self.tail is None or end <= self.start:
-            return self.window.new_zeros(n, 0)
-        k = end - self.start
-        skip = max(self.trim - self.start, 0)  # center=True drops the first n_fft / 2 samples
-        out, env = self.tail[:, skip:k], self.envelope[skip:k]
-        self.tail, self.envelope, self.start = self.tail[:, k:], self.envelope[k:], end
-        if env.numel() and float(env.abs().min()) < 1e-11:
-            raise ValueError("window overlap-add has a zero (the iSTFT's NOLA condition fails)")
-        return out / env
 
 
 class FrameQuantizer:
@@ -182,8 +105,7 @@ class StreamingEncoder:
         _check_causal(codec)
         self.codec, self.n_q = codec, codec.quantizer._check_n_q(n_q)
         with torch.no_grad():
-            encoder = codec.encoder
-            self.chain = STFTEncoderStep(encoder) if isinstance(encoder, STFTEncoder) else seanet_steps(encoder.layers)
+            self.chain = codec.encoder.streaming_step()
             self.quantizer = FrameQuantizer(codec.quantizer)
         self.batch: int | None = None
         self.samples = self.frames = 0
@@ -221,7 +143,8 @@ class StreamingEncoder:
 class StreamingDecoder:
     """Codes frame by frame -> audio as soon as it is final. See the module docstring.
 
-    lookahead_samples: how far behind the codes the audio is (0 for SEANet, n_fft / 2 for iSTFT);
+    lookahead_samples: how far behind the codes the decoder's audio is (its part's `streaming_step`:
+    0 for SEANet, n_fft / 2 for iSTFT);
     latency_samples = hop_length + lookahead_samples: from a sample entering a streaming encoder
     to its reconstruction leaving this decoder, compute time aside.
     exact: run the offline pass's kernels (see the module docstring); default plain, faster ones.
@@ -230,16 +153,9 @@ class StreamingDecoder:
     def __init__(self, codec, exact: bool = False):
         _check_causal(codec)
         self.codec, self.exact = codec, exact
-        decoder = codec.decoder
         with torch.no_grad():
-            if isinstance(decoder, ISTFTDecoder):
-                embed = ConvStep(decoder.embed.weight, decoder.embed.bias, pad_left=decoder.embed_pad[0], exact=exact)
-                self.chain = Chain([embed, per_frame(decoder.norm_in, exact),
-                                    *(ConvNeXtStep(b, exact) for b in decoder.blocks)])
-                self.overlap_add: OverlapAdd | None = OverlapAdd(decoder.window, decoder.istft_hop)
-                self.lookahead_samples = decoder.n_fft // 2
-            else:
-                self.chain, self.overlap_add, self.lookahead_samples = seanet_steps(decoder.layers, exact), None, 0
+            self.stream = codec.decoder.streaming_step(exact)
+        self.lookahead_samples = self.stream.lookahead_samples
         self.latency_samples = codec.hop_length + self.lookahead_samples
         self.batch: int | None = None
         self.frames = 0
@@ -261,18 +177,7 @@ class StreamingDecoder:
         self.frames += codes.shape[-1]
         if codes.shape[-1] == 0:
             return torch.zeros(b, self.codec.channels, 0, device=self.codec.device)
-        x = self.chain.step(self.codec.quantizer.decode(codes.to(self.codec.device)))
-        if self.overlap_add is None:
-            return x
-        return self.overlap_add.push(self._spectrum(x)).reshape(b, self.codec.channels, -1)
-
-    def _spectrum(self, x: torch.Tensor) -> torch.Tensor:
-        """The iSTFT head on x [B, dim, n]; `exact`: with zero frames appended (rounding as a long signal's)."""
-        decoder, n = self.codec.decoder, x.shape[-1]
-        if not self.exact:
-            return decoder.head_spectrum(x)
-        extra = max(-(-MIN_ROWS // x.shape[0]) - n, 1)
-        return decoder.head_spectrum(F.pad(x, (0, extra)))[..., : n * decoder.per_frame]
+        return self.stream.step(self.codec.quantizer.decode(codes.to(self.codec.device)))
 
     @torch.inference_mode()
     def flush(self) -> torch.Tensor:
@@ -281,9 +186,7 @@ class StreamingDecoder:
         if self.batch is None:
             raise ValueError("flush before any codes: the stream is empty")
         self.closed = True
-        if self.overlap_add is None:
-            return torch.zeros(self.batch, self.codec.channels, 0, device=self.codec.device)
-        return self.overlap_add.flush(self.batch * self.codec.channels).reshape(self.batch, self.codec.channels, -1)
+        return self.stream.flush(self.batch).to(self.codec.device)
 
 
 class ChunkTime(NamedTuple):

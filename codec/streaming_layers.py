@@ -19,8 +19,7 @@ from einops import rearrange
 from torch import nn
 from torch.nn import functional as F
 
-from codec.istft_decoder import ConvNeXtBlock
-from codec.modules import PaddedConv1d, PaddedConvTranspose1d, ResidualUnit
+from codec.modules import ConvNeXtBlock, PaddedConv1d, PaddedConvTranspose1d, ResidualUnit
 
 
 # PyTorch computes the last (numel mod 2 x SIMD width) elements of an elementwise op with scalar
@@ -234,18 +233,3 @@ def seanet_steps(layers: nn.Sequential, exact: bool = True) -> Chain:
             raise ValueError(f"no streaming version of layer {type(layer).__name__}")
     return Chain(steps)
 
-
-class Hold(Step):
-    """Passes on whole groups of r frames: [..., n] -> [..., m * r], holding the frames of an
-    unfinished group for the next chunk (the STFT encoder stacks r spectra into one frame)."""
-
-    def __init__(self, r: int):
-        self.r = r
-        self.held: torch.Tensor | None = None
-
-    def step(self, x: torch.Tensor) -> torch.Tensor:
-        if self.held is not None:
-            x = torch.cat([self.held, x], dim=-1)
-        m = x.shape[-1] // self.r
-        self.held = x[..., m * self.r:]
-        return x[..., : m * self.r]

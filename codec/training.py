@@ -4,7 +4,7 @@
 training is on (from `adversarial.start_step`), a second one for the discriminator (hinge loss; the
 codec adds hinge + feature-matching terms). `trainer.global_step` counts codec steps only. Each step
 logs the losses, the bitrate used (quantizer dropout varies it), per-codebook usage and seconds of
-audio per second; validation logs mel distance, SI-SDR, L1, loudness and phase at the full bitrate,
+audio per second; validation logs mel distance, SI-SDR, L1 and loudness at the full bitrate,
 mel distance with fewer codebooks, and a few audio examples.
 
 After `fit`, `train_codec` exports the best checkpoint (lowest validation mel distance, else the
@@ -28,10 +28,10 @@ from codec.audio import save_audio
 from codec.data import CodecDataModule
 from codec.discriminator import (CodecDiscriminator, discriminator_hinge_loss, feature_matching_loss,
                                  generator_hinge_loss, load_discriminator)
-from codec.losses import MultiScaleMelLoss, PhaseDerivativeLoss, mel_distance, si_sdr, waveform_l1
-from codec.config import DECODER_SETTINGS, CodecConfig
+from codec.losses import MultiScaleMelLoss, mel_distance, si_sdr, waveform_l1
+from codec.config import CodecConfig
 from codec.model import DISCRIMINATOR_NAME, Codec
-from codec.training_config import Adversarial, Losses, Optimization, as_settings, settings_dict
+from codec.training_config import Adversarial, CodecSettings, Losses, Optimization, as_settings, settings_dict
 from rvqlm_core.rng_state import ResumesRngState
 
 
@@ -49,25 +49,24 @@ class StepScheduleLR(torch.optim.lr_scheduler.LambdaLR):
 class CodecModule(ResumesRngState, L.LightningModule):
     """The codec plus its losses (and optional discriminator), trained on batches wav [B, C, S].
 
-    codec: the architecture (a CodecConfig, or a dict of its fields as checkpoints store it).
+    codec: the architecture (a CodecConfig, or its nested settings as recipes (`CodecSettings`) and
+    checkpoints (a dict) hold them; None: the defaults, the shipped codec's).
     losses, adversarial, optim: `codec.training_config.Losses`, `Adversarial`, `Optimization` (or
-    dicts of their fields). With `losses.phase_on="spectrum"` the phase loss scores the iSTFT
-    decoder's predicted spectra, so phase_n_fft / phase_hop must be the decoder's.
+    dicts of their fields).
     init_from: a saved codec folder whose weights (codebooks and EMA statistics included) the run
     starts from; the step count and schedule start at 0 (see `_load_initial_weights`).
     train_decoder_only: train the decoder alone (needs init_from): the encoder gets no gradient and
     the quantizer is frozen, so the tokens and `token_fingerprint` stay those of `init_from`.
     """
 
-    def __init__(self, codec: CodecConfig = CodecConfig(), losses: Losses = Losses(),
+    def __init__(self, codec: Optional[CodecSettings] = None, losses: Losses = Losses(),
                  adversarial: Adversarial = Adversarial(), optim: Optimization = Optimization(),
                  audio_examples: int = 2, init_from: Optional[str] = None, train_decoder_only: bool = False):
         super().__init__()
-        config = codec if isinstance(codec, CodecConfig) else CodecConfig.from_dict(dict(codec or {}))
+        config = codec_config(codec)
         self.losses = as_settings(Losses, losses)
         self.adversarial = as_settings(Adversarial, adversarial)
         self.optim = as_settings(Optimization, optim)
-        _check_phase_on(self.losses, config)
         # Checkpoints hold only plain types (they load with torch.load(weights_only=True)).
         self.save_hyperparameters(ignore=["codec", "losses", "adversarial", "optim"])
         self.hparams.update(codec=config.to_dict(), losses=settings_dict(self.losses),
@@ -76,8 +75,6 @@ class CodecModule(ResumesRngState, L.LightningModule):
         self.codec = Codec(config)
         self.mel_loss = MultiScaleMelLoss(config.sample_rate, self.losses.mel_n_ffts, self.losses.mel_max_mels,
                                           loudness_exponent=self.losses.loudness_exponent)
-        # a loss when phase_weight > 0, else a metric
-        self.phase_loss = PhaseDerivativeLoss(self.losses.phase_n_fft, self.losses.phase_hop)
         adv = self.adversarial
         self.discriminator = (CodecDiscriminator(adv.n_ffts, config.channels, adv.filters, periods=adv.periods,
                                                  period_filters=adv.period_filters) if adv.enabled else None)
@@ -93,35 +90,20 @@ class CodecModule(ResumesRngState, L.LightningModule):
             self.codec.quantizer.frozen = True
 
     def _load_initial_weights(self, folder: str, new_decoder_allowed: bool = False) -> None:
-        """Start from a saved codec with fresh optimizer state. Its architecture must be this
-        recipe's, except that an istft_phase "angle" codec may start an "angle_vector" one, a SEANet
-        encoder may start a wider one (`SEANetEncoder.grow_from`; both the same function at step 0;
-        not with train_decoder_only), and with `new_decoder_allowed` the decoder settings may differ
-        (the encoder and quantizer are taken, a new decoder learns their tokens from scratch)."""
+        """Start from a saved codec with fresh optimizer state. Its config must be this recipe's,
+        except that with `new_decoder_allowed` the decoder may differ, in kind or settings: the
+        encoder and quantizer are taken, and the new decoder learns their tokens from scratch."""
         start = Codec.from_pretrained(folder)
         mine, theirs = self.codec.config.to_dict(), start.config.to_dict()
         differ = sorted(k for k in mine if mine[k] != theirs[k])
-        grows_vectors = differ == ["istft_phase"] and (theirs["istft_phase"], mine["istft_phase"]) == (
-            "angle", "angle_vector") and mine["decoder"] == "istft"
-        new_decoder = bool(differ) and not grows_vectors and new_decoder_allowed and set(differ) <= set(DECODER_SETTINGS)
-        grows_encoder = (differ == ["encoder_channels"] and mine["encoder"] == "seanet" and not new_decoder_allowed
-                         and mine["encoder_channels"] > theirs["encoder_channels"])
-        if differ and not (grows_vectors or new_decoder or grows_encoder):
+        if differ == ["decoder"] and new_decoder_allowed:
+            self._load_all_but("decoder.", start.state_dict(), folder)
+        elif differ:
             hint = "" if new_decoder_allowed else " (only the decoder may differ, with train_decoder_only)"
             raise ValueError(f"init_from {folder}: its codec differs from this recipe's in "
                              + ", ".join(f"{k} ({theirs[k]!r} vs {mine[k]!r})" for k in differ) + hint)
-        state = start.state_dict()
-        if new_decoder:
-            self._load_all_but("decoder.", state, folder)
-        elif grows_encoder:
-            self._load_all_but("encoder.", state, folder)
-            self.codec.encoder.grow_from(start.encoder)
-        elif grows_vectors:
-            weight, bias = state.pop("decoder.head.weight"), state.pop("decoder.head.bias")
-            self._load_all_but("decoder.head.", state, folder)
-            self.codec.decoder.from_angle_head(weight, bias)
         else:
-            self.codec.load_state_dict(state)
+            self.codec.load_state_dict(start.state_dict())
 
     def _load_all_but(self, prefix: str, state: dict[str, torch.Tensor], folder: str) -> None:
         """Load every tensor of `state` outside `prefix` (e.g. "decoder."), which the caller fills."""
@@ -174,13 +156,6 @@ class CodecModule(ResumesRngState, L.LightningModule):
         if w.loudness_weight > 0:
             loss = loss + w.loudness_weight * loudness
             logs["train/loudness"] = loudness
-        if w.phase_weight > 0:
-            if w.phase_on == "spectrum":
-                phase = self.phase_loss.on_spectrum(out.spectrum, wav)
-            else:
-                phase = self.phase_loss(out.audio, wav)
-            loss = loss + w.phase_weight * phase
-            logs["train/phase"] = phase
         return loss, logs
 
     def _adversarial_loss(self, wav: torch.Tensor, recon: torch.Tensor, opt_d, sched_d) -> tuple[torch.Tensor, dict]:
@@ -241,9 +216,6 @@ class CodecModule(ResumesRngState, L.LightningModule):
             "val/si_sdr": si_sdr(recon, wav).mean(),
             "val/l1": waveform_l1(recon, wav),
             "val/loudness": self.mel_loss.terms(recon, wav)[1],
-            "val/phase": self.phase_loss(recon, wav),
-            **({"val/phase_spectrum": self.phase_loss.on_spectrum(out.spectrum, wav)}
-               if out.spectrum is not None and self.losses.phase_on == "spectrum" else {}),
             "val/commit": out.quantizer.commit_loss,
             "val/kbps": self.codec.bitrate_kbps(),
         }
@@ -275,14 +247,6 @@ class CodecModule(ResumesRngState, L.LightningModule):
                     save_audio(folder / "original" / f"{i}.wav", wav[i], sr)
                 save_audio(folder / f"step{step:07d}" / f"{i}.wav", recon[i], sr)
         self._originals_written = True
-
-
-def _check_phase_on(losses: Losses, config: CodecConfig) -> None:
-    """phase_on="spectrum" needs the iSTFT decoder, at the phase loss's own STFT resolution."""
-    if losses.phase_on == "spectrum" and (config.decoder != "istft" or (losses.phase_n_fft, losses.phase_hop) != (
-            config.istft_window, config.istft_hop)):
-        raise ValueError("phase_on='spectrum' needs the iSTFT decoder, with phase_n_fft = its istft_n_fft "
-                         f"({config.istft_window}) and phase_hop = istft_hop ({config.istft_hop})")
 
 
 # ---------------------------------------------------------------------------- export and entry point
@@ -331,12 +295,28 @@ class CodecCLI(LightningCLI):
     """LightningCLI without subcommands: parses a recipe, then `train_codec` runs fit + export."""
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("model.codec.sample_rate", "data.sample_rate")
-        parser.link_arguments("model.codec.channels", "data.channels")
+        parser.link_arguments("model.codec", "data.sample_rate", compute_fn=_codec_setting("sample_rate"))
+        parser.link_arguments("model.codec", "data.channels", compute_fn=_codec_setting("channels"))
         parser.add_argument("--ckpt_path", type=Optional[str], default=None,
                             help="resume training from this Lightning checkpoint")
         parser.add_argument("--export_dir", type=Optional[str], default=None,
                             help="where to save the trained codec (default: <run dir>/pretrained)")
+
+
+def codec_config(codec: "CodecConfig | CodecSettings | dict | None") -> CodecConfig:
+    """`CodecModule`'s codec argument (or a recipe's `model.codec` as parsed) as a CodecConfig."""
+    if isinstance(codec, CodecConfig):
+        return codec
+    if hasattr(codec, "as_dict"):  # a jsonargparse Namespace (of the settings or, once linked, their class)
+        codec = codec.as_dict()
+        codec = codec.get("init_args", codec)
+    settings = codec.to_dict() if isinstance(codec, CodecSettings) else dict(codec or {})
+    return CodecConfig.from_dict({k: v for k, v in settings.items() if v is not None}, source="model.codec")
+
+
+def _codec_setting(name: str):
+    """A recipe's `model.codec` -> its `name` setting (CodecConfig checks them all)."""
+    return lambda codec: getattr(codec_config(codec), name)
 
 
 def train_codec(args: Sequence[str]) -> Path:

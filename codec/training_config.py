@@ -1,6 +1,7 @@
 """The settings of a codec training run, grouped as `CodecModule` takes them (and recipes write them).
 
     model:
+      codec:       {latent_dim: 64, quantizer: {...}, decoder: {kind: istft, ...}}   # CodecSettings
       losses:      {mel_weight: 15.0, loudness_weight: 20.0, ...}   # Losses
       adversarial: {enabled: true, n_ffts: [1024, 512, 256], ...}   # Adversarial
       optim:       {lr: 3.0e-4, warmup_steps: 200, decay_start: 3500, ...}   # Optimization
@@ -22,9 +23,28 @@ T = TypeVar("T")
 
 
 @dataclass
+class CodecSettings:
+    """`model.codec` as a recipe writes it: `codec.config.CodecConfig`'s nested settings, each part a
+    dict (any registered kind's settings); unset (None) is CodecConfig's default. Typed here so that
+    `--model.codec.decoder.hop 80` overrides one setting of a recipe's part."""
+
+    sample_rate: Optional[int] = None
+    channels: Optional[int] = None
+    strides: Optional[list[int]] = None
+    latent_dim: Optional[int] = None
+    causal: Optional[bool] = None
+    encoder: Optional[dict[str, Any]] = None
+    quantizer: Optional[dict[str, Any]] = None
+    decoder: Optional[dict[str, Any]] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass
 class Losses:
     """The codec's loss: mel_weight * multi-scale log-mel L1 + l1_weight * waveform L1 + commitment
-    [+ loudness_weight * loudness-scale distance] [+ phase_weight * phase-derivative loss]."""
+    [+ loudness_weight * loudness-scale distance]."""
 
     mel_weight: float = 15.0
     l1_weight: float = 1.0
@@ -32,10 +52,6 @@ class Losses:
     mel_max_mels: Union[int, list[int]] = 80  # bands at every scale, or one number per scale
     loudness_weight: float = 0.0  # |M|^loudness_exponent distance (codec.losses.MultiScaleMelLoss.terms); 0: off
     loudness_exponent: float = 0.3
-    phase_weight: float = 0.0  # codec.losses.PhaseDerivativeLoss; 0: off (still logged as val/phase)
-    phase_n_fft: int = 320
-    phase_hop: int = 80
-    phase_on: str = "output"  # "output": the waveform's STFT; "spectrum": the iSTFT decoder's own spectra
 
     def __post_init__(self) -> None:
         self.mel_n_ffts = [int(n) for n in self.mel_n_ffts]
@@ -44,11 +60,9 @@ class Losses:
         if self.loudness_weight < 0 or not self.loudness_exponent > 0:
             raise ValueError(f"loudness_weight must be >= 0 and loudness_exponent > 0, got {self.loudness_weight} "
                              f"and {self.loudness_exponent}")
-        if self.phase_on not in ("output", "spectrum"):
-            raise ValueError(f"phase_on must be 'output' or 'spectrum', got {self.phase_on!r}")
-        if min(self.mel_weight, self.l1_weight, self.phase_weight) < 0:
+        if min(self.mel_weight, self.l1_weight) < 0:
             raise ValueError(f"loss weights must be >= 0, got mel_weight {self.mel_weight}, l1_weight "
-                             f"{self.l1_weight}, phase_weight {self.phase_weight}")
+                             f"{self.l1_weight}")
 
 
 @dataclass

@@ -27,7 +27,7 @@ NAMES = ["a.wav", "b.wav", "sub/c.wav", "sub/d.flac"]
 @pytest.fixture(scope="module")
 def codec() -> Codec:
     torch.manual_seed(0)
-    return Codec(CodecConfig(causal=True, **TINY)).eval()
+    return Codec(CodecConfig.from_flat(dict(causal=True, **TINY))).eval()
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,9 @@ from codec.audio import load_audio
 from codec.rvq_file import read_rvq
 from rvqlm.cli import main
 
-TINY = CodecConfig(strides=(4, 4, 5, 4), encoder_channels=4, decoder_channels=4, latent_dim=16, dilations=(1, 3),
-                   n_codebooks=4, codebook_size=32, kmeans_iters=2)
+SEANET = dict(kind="seanet", channels=4, dilations=(1, 3))
+TINY = CodecConfig.from_dict(dict(latent_dim=16, encoder=SEANET, decoder=SEANET,
+                                  quantizer=dict(n_codebooks=4, codebook_size=32, kmeans_iters=2)))
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +118,9 @@ def test_export_codec_from_a_lightning_checkpoint(tmp_path, speech_files):
     from codec.training import CodecModule
     from rvqlm.cli import main
 
-    module = CodecModule(codec={"encoder_channels": 4, "decoder_channels": 4, "latent_dim": 8, "n_codebooks": 2,
-                                "codebook_size": 16, "dilations": [1]}, losses={"mel_n_ffts": [256]})
+    seanet = {"kind": "seanet", "channels": 4, "dilations": [1]}
+    module = CodecModule(codec={"latent_dim": 8, "encoder": seanet, "decoder": seanet,
+                                "quantizer": {"n_codebooks": 2, "codebook_size": 16}}, losses={"mel_n_ffts": [256]})
     data = CodecDataModule(corpus_dir=str(speech_files["train"][0].parents[2]), crop_seconds=0.2, batch_size=2,
                            max_train_files=4, max_valid_files=1)
     trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
@@ -133,7 +135,7 @@ def test_export_codec_from_a_lightning_checkpoint(tmp_path, speech_files):
     codec = Codec.from_pretrained(tmp_path / "out")
     assert codec.fingerprint() == module.codec.fingerprint()
     # A saved codec folder is written again, its decoder in half precision: same tokens.
-    assert main(["export-codec", str(tmp_path / "out"), str(tmp_path / "half"), "--decoder-dtype", "float16"]) == 0
+    assert main(["export-codec", str(tmp_path / "out"), str(tmp_path / "half"), "--dtype", "float16"]) == 0
     half = Codec.from_pretrained(tmp_path / "half")
     assert half.token_fingerprint() == codec.token_fingerprint() and half.fingerprint() != codec.fingerprint()
     (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")

@@ -25,8 +25,9 @@ def one_thread():
 
 def istft_codec() -> Codec:
     torch.manual_seed(0)
-    cfg = CodecConfig(encoder_channels=2, latent_dim=8, n_codebooks=2, codebook_size=16, dilations=(1,),
-                      decoder="istft", decoder_dim=32, decoder_layers=2, causal=True)
+    cfg = CodecConfig.from_dict(dict(latent_dim=8, encoder=dict(channels=2, dilations=(1,)),
+                                     quantizer=dict(n_codebooks=2, codebook_size=16),
+                                     decoder=dict(kind="istft", dim=32, layers=2, hop=80, n_fft=None)))
     return Codec(cfg).eval()
 
 
@@ -69,7 +70,8 @@ def test_int8_decoder_folder_round_trip(tmp_path):
 
 def test_a_decoder_without_linear_layers_is_refused(tmp_path):
     torch.manual_seed(0)
-    seanet = Codec(CodecConfig(encoder_channels=2, decoder_channels=2, latent_dim=8, n_codebooks=2,
-                               codebook_size=16, dilations=(1,)))
+    part = dict(kind="seanet", channels=2, dilations=(1,))
+    seanet = Codec(CodecConfig.from_dict(dict(latent_dim=8, encoder=part, decoder=part,
+                                              quantizer=dict(n_codebooks=2, codebook_size=16))))
     with pytest.raises(ValueError, match="needs a decoder with linear layers"):
         seanet.save_pretrained(tmp_path / "x", decoder_dtype="int8")

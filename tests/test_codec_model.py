@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,8 +13,9 @@ from codec import Codec, CodecConfig
 from rvqlm_core.persistence import CONFIG_FILE, WEIGHTS_FILE
 
 
-TINY = CodecConfig(strides=(2, 4, 5, 4), encoder_channels=4, decoder_channels=4, latent_dim=16, dilations=(1, 3),
-                   n_codebooks=4, codebook_size=32, kmeans_iters=2)
+SEANET = dict(kind="seanet", channels=4, dilations=(1, 3))
+TINY = CodecConfig.from_dict(dict(strides=(2, 4, 5, 4), latent_dim=16, encoder=SEANET, decoder=SEANET,
+                                  quantizer=dict(n_codebooks=4, codebook_size=32, kmeans_iters=2)))
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def test_default_config_is_16k_mono_50hz_4kbps():
     c = CodecConfig()
     assert (c.sample_rate, c.channels, c.hop_length, c.frame_rate) == (16000, 1, 320, 50)
     assert (c.n_codebooks, c.codebook_size, c.bitrate_kbps) == (8, 1024, 4.0)
-    assert c.encoder_channels < c.decoder_channels
+    assert CodecConfig.from_dict(c.to_dict()) == c and json.loads(json.dumps(c.to_dict())) == c.to_dict()
 
 
 def test_shapes_and_frame_rate(codec):
@@ -73,7 +75,8 @@ def test_frame_span_is_the_exact_receptive_field():
 
 
 def test_non_causal_frame_span_has_lookahead():
-    model = Codec(CodecConfig(**{**TINY.to_dict(), "causal": False, "encoder_full_rate_residuals": True}))
+    model = Codec(dataclasses.replace(TINY, causal=False, encoder=dataclasses.replace(TINY.encoder,
+                                                                                    full_rate_residuals=True)))
     lo, hi = model.frame_span
     assert hi > model.hop_length - 1 and lo < 0
     x = torch.randn(1, 1, 160 * 60, requires_grad=True)
@@ -153,7 +156,6 @@ def test_token_fingerprint_covers_the_encoder_and_quantizer_not_the_decoder(code
     """What decides the token ids (encoder, quantizer, their settings) is in the token fingerprint;
     the decoder is not, so a decoder fine-tune keeps token files valid."""
     import copy
-    import dataclasses
 
     token_fp, full_fp = codec.token_fingerprint(), codec.fingerprint()
     assert len(token_fp) == 64 and token_fp != full_fp
@@ -171,11 +173,12 @@ def test_token_fingerprint_covers_the_encoder_and_quantizer_not_the_decoder(code
     requantized = copy.deepcopy(codec)
     requantized.quantizer.embed[0, 0, 0] += 1e-3
     assert requantized.token_fingerprint() != token_fp
-    wider = Codec(dataclasses.replace(codec.config, decoder_channels=codec.config.decoder_channels + 1))
+    wider = Codec(dataclasses.replace(codec.config, decoder=dataclasses.replace(codec.config.decoder, channels=5)))
     wider.encoder.load_state_dict(codec.encoder.state_dict())
     wider.quantizer.load_state_dict(codec.quantizer.state_dict())
     assert wider.token_fingerprint() == token_fp
-    other_latent = Codec(dataclasses.replace(codec.config, n_codebooks=codec.config.n_codebooks + 1))
+    other_latent = Codec(dataclasses.replace(codec.config, quantizer=dataclasses.replace(codec.config.quantizer,
+                                                                                         n_codebooks=5)))
     assert other_latent.token_fingerprint() != token_fp
 
 
@@ -202,6 +205,12 @@ def test_from_pretrained_errors(codec, tmp_path):
     (path / CONFIG_FILE).write_text(json.dumps({**cfg, "n_codebook": 3}))
     with pytest.raises(ValueError, match="unknown CodecConfig settings \\['n_codebook'\\]"):
         Codec.from_pretrained(path)
+    (path / CONFIG_FILE).write_text(json.dumps({**cfg, "quantizer": {**cfg["quantizer"], "dropuot": 0.5}}))
+    with pytest.raises(ValueError, match="quantizer: unknown QuantizerConfig settings \\['dropuot'\\]"):
+        Codec.from_pretrained(path)
+    (path / CONFIG_FILE).write_text(json.dumps({**cfg, "decoder": {"kind": "wavenet"}}))
+    with pytest.raises(ValueError, match="unknown codec decoder kind 'wavenet'; registered: .*'istft'"):
+        Codec.from_pretrained(path)
     (path / CONFIG_FILE).write_text(json.dumps({**cfg, "latent_dim": 8}))  # weights no longer fit
     with pytest.raises(ValueError, match="does not match its config.json.*shape"):
         Codec.from_pretrained(path)
@@ -209,7 +218,7 @@ def test_from_pretrained_errors(codec, tmp_path):
     with pytest.raises(ValueError, match="not valid JSON"):
         Codec.from_pretrained(path)
     saved = codec.save_pretrained(tmp_path / "c4")
-    (saved / CONFIG_FILE).write_text(json.dumps({**cfg, "compress": 3}))  # config and weights of two saves
+    (saved / CONFIG_FILE).write_text(json.dumps({**cfg, "causal": False}))  # config and weights of two saves
     with pytest.raises(ValueError, match="come from different saves"):
         Codec.from_pretrained(saved)
 
@@ -252,7 +261,11 @@ def test_config_validation():
     with pytest.raises(ValueError, match="not a multiple of hop_length"):
         CodecConfig(sample_rate=16000, strides=(3, 7))
     with pytest.raises(ValueError, match="codebook_size"):
-        CodecConfig(codebook_size=1)
+        CodecConfig.from_dict({"quantizer": {"codebook_size": 1}})
+    with pytest.raises(ValueError, match="CodecConfig.latent_dim must be a positive integer"):
+        CodecConfig(latent_dim=0)
+    with pytest.raises(ValueError, match="SEANetEncoderConfig.dilations"):
+        CodecConfig.from_dict({"encoder": {"dilations": [1, 0]}})
 
 
 def test_saved_folder_gets_normal_permissions(codec, tmp_path):

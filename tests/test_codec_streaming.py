@@ -1,5 +1,5 @@
 """The streaming codec (codec/streaming.py): chunk by chunk it gives `Codec.encode`'s codes bit for bit
-and `Codec.decode`'s audio within 1e-5, for every chunking, with both encoders and both decoders,
+and `Codec.decode`'s audio within 1e-5, for every chunking, with both decoder parts,
 and its audio leaves a fixed latency (hop + look-ahead) after its input."""
 
 from __future__ import annotations
@@ -13,21 +13,20 @@ from codec import Codec, CodecConfig
 from codec.audio import load_audio
 from codec.streaming import StreamingDecoder, StreamingEncoder
 
-BASE = dict(strides=(2, 4, 5, 4), encoder_channels=4, decoder_channels=4, latent_dim=16, dilations=(1, 3),
-            n_codebooks=4, codebook_size=32, kmeans_iters=2, encoder_dim=16, encoder_layers=2, encoder_hop=40,
-            decoder_dim=32, decoder_layers=2, istft_hop=40)  # hop 160 (10 ms at 16 kHz)
-# Both encoders, both decoders; one iSTFT window (100) that is no multiple of its hop (40).
-KINDS = {"seanet+istft": dict(encoder="seanet", decoder="istft"),
-         "seanet+seanet": dict(encoder="seanet", decoder="seanet"),
-         "stft+istft100": dict(encoder="stft", decoder="istft", istft_n_fft=100),
-         "stft+seanet": dict(encoder="stft", decoder="seanet")}
+SEANET = dict(kind="seanet", channels=4, dilations=(1, 3))
+BASE = dict(strides=(2, 4, 5, 4), latent_dim=16, encoder=SEANET,  # hop 160 (10 ms at 16 kHz)
+            quantizer=dict(n_codebooks=4, codebook_size=32, kmeans_iters=2))
+# Both decoders; one iSTFT window (100) that is no multiple of its hop (40).
+KINDS = {"istft": dict(decoder=dict(kind="istft", dim=32, layers=2, hop=40, n_fft=None)),
+         "seanet": dict(decoder=SEANET),
+         "istft100": dict(decoder=dict(kind="istft", dim=32, layers=2, hop=40, n_fft=100))}
 MAX_CHUNK = 3 * 16000  # 3 s
 
 
 @pytest.fixture(scope="module", params=sorted(KINDS))
 def codec(request) -> Codec:
     torch.manual_seed(0)
-    model = Codec(CodecConfig(**BASE, **KINDS[request.param])).train()
+    model = Codec(CodecConfig.from_dict({**BASE, **KINDS[request.param]})).train()
     model(torch.randn(2, 1, 1600) * 0.1)  # k-means initialises the codebooks
     return model.eval()
 
@@ -92,8 +91,8 @@ def test_streamed_audio_is_decode(codec):
 
 def test_latency_is_hop_plus_lookahead(codec):
     dec = StreamingDecoder(codec)
-    if codec.config.decoder == "istft":
-        assert dec.lookahead_samples == codec.config.istft_window // 2
+    if codec.config.decoder.kind == "istft":
+        assert dec.lookahead_samples == codec.config.decoder.window // 2
     else:
         assert dec.lookahead_samples == 0
     assert dec.latency_samples == codec.hop_length + dec.lookahead_samples
@@ -131,7 +130,7 @@ def test_shipped_codec_streams_real_speech_in_20ms_chunks(speech_files):
 
 
 def test_non_causal_codecs_are_refused():
-    model = Codec(CodecConfig(**{**BASE, "causal": False}))
+    model = Codec(CodecConfig.from_dict({**BASE, "causal": False}))
     for make in (StreamingEncoder, StreamingDecoder):
         with pytest.raises(ValueError, match="causal"):
             make(model)

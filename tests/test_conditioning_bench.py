@@ -48,8 +48,8 @@ def setup(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("cond")
     torch.manual_seed(0)
-    codec = Codec(CodecConfig(encoder_channels=2, decoder_channels=4, latent_dim=8, n_codebooks=3,
-                              codebook_size=16, dilations=(1,))).eval()
+    codec = Codec(CodecConfig.from_flat(dict(encoder_channels=2, decoder_channels=4, latent_dim=8, n_codebooks=3,
+                              codebook_size=16, dilations=(1,)))).eval()
     codec.save_pretrained(root / "codec")
     rng = np.random.default_rng(0)
     speakers = ["font_small", "font_big", "font_small", "font_big", "font_x", "font_small"]

@@ -183,8 +183,8 @@ def test_foreign_clips_say_n_a_for_a_missing_metric_and_leave_opus_out_without_f
                                                                                       monkeypatch):
     from codec import Codec, CodecConfig
 
-    codec = Codec(CodecConfig(encoder_channels=2, decoder_channels=4, latent_dim=8, n_codebooks=2,
-                              codebook_size=16, dilations=(1,))).eval()
+    codec = Codec(CodecConfig.from_flat(dict(encoder_channels=2, decoder_channels=4, latent_dim=8, n_codebooks=2,
+                              codebook_size=16, dilations=(1,)))).eval()
     monkeypatch.setenv("PATH", str(tmp_path))  # no ffmpeg on it
     monkeypatch.setitem(sys.modules, "pesq", None)  # as if the pesq package were not installed
     said = []
@@ -209,8 +209,8 @@ def test_foreign_clips_are_one_line_saying_how_to_add_them_without_a_prepared_vo
 def test_demo_refuses_to_skip_training_when_the_shipped_lm_does_not_fit(tmp_path, corpus_dir, capsys):
     from codec import Codec, CodecConfig
 
-    codec = Codec(CodecConfig(encoder_channels=2, decoder_channels=4, latent_dim=8, n_codebooks=2,
-                              codebook_size=16, dilations=(1,))).eval()
+    codec = Codec(CodecConfig.from_flat(dict(encoder_channels=2, decoder_channels=4, latent_dim=8, n_codebooks=2,
+                              codebook_size=16, dilations=(1,)))).eval()
     folder = codec.save_pretrained(tmp_path / "codec")
     assert folder != SHIPPED_CODEC
     code = main(["demo", "--samples", str(tmp_path / "samples"), "--work-dir", str(tmp_path / "work"),

@@ -337,8 +337,8 @@ def saved_pair(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("pair")
     torch.manual_seed(0)
-    codec = Codec(CodecConfig(encoder_channels=2, decoder_channels=2, latent_dim=8, n_codebooks=CLI_NC,
-                              codebook_size=CLI_V, dilations=(1,))).eval()
+    codec = Codec(CodecConfig.from_flat(dict(encoder_channels=2, decoder_channels=2, latent_dim=8, n_codebooks=CLI_NC,
+                              codebook_size=CLI_V, dilations=(1,)))).eval()
     codec.save_pretrained(root / "codec")
     cfg = LMConfig(n_codebooks=CLI_NC, codebook_size=CLI_V, d_model=16, n_layers=1, n_heads=2, max_seq_len=40,
                    codec_fingerprint=codec.token_fingerprint())

@@ -23,9 +23,9 @@ def pair(request, tmp_path_factory):
     """A tiny random codec (50 frames/s; SEANet decoder, or iSTFT with a 10 ms look-ahead) and a tiny LM."""
     root = tmp_path_factory.mktemp("pair")
     torch.manual_seed(0)
-    codec = Codec(CodecConfig(encoder_channels=2, decoder_channels=2, latent_dim=8, n_codebooks=N_C,
+    codec = Codec(CodecConfig.from_flat(dict(encoder_channels=2, decoder_channels=2, latent_dim=8, n_codebooks=N_C,
                               codebook_size=V, dilations=(1,), decoder=request.param, decoder_dim=16,
-                              decoder_layers=1, istft_hop=80)).eval()
+                              decoder_layers=1, istft_hop=80))).eval()
     codec.save_pretrained(root / "codec")
     cfg = LMConfig(n_codebooks=N_C, codebook_size=V, d_model=16, n_layers=1, n_heads=2, max_seq_len=40,
                    codec_fingerprint=codec.token_fingerprint())

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from codec import Codec, CodecConfig
-from codec.istft_decoder import ConvNeXtBlock, ISTFTDecoder
+from codec.istft_decoder import ISTFTDecoder
+from codec.modules import ConvNeXtBlock
 
-TINY = CodecConfig(strides=(4, 4, 5, 4), encoder_channels=2, latent_dim=8, dilations=(1,), n_codebooks=3,
-                   codebook_size=16, kmeans_iters=2, decoder="istft", decoder_dim=16, decoder_layers=2, istft_hop=80)
+TINY = CodecConfig.from_dict(dict(latent_dim=8, encoder=dict(channels=2, dilations=(1,)),
+                                  quantizer=dict(n_codebooks=3, codebook_size=16, kmeans_iters=2),
+                                  decoder=dict(kind="istft", dim=16, layers=2, hop=80, n_fft=None)))
 
 
 def test_shapes_for_mono_and_stereo():
@@ -111,18 +113,15 @@ def test_codec_with_istft_decoder_trains_encodes_decodes_and_round_trips(tmp_pat
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="decoder must be one of"):
-        CodecConfig(decoder="wavenet")
-    with pytest.raises(ValueError, match="istft_hop 96 must divide hop_length 320"):
-        CodecConfig(decoder="istft", istft_hop=96)
-    with pytest.raises(ValueError, match="decoder_dim"):
-        CodecConfig(decoder="istft", decoder_dim=0)
+    with pytest.raises(ValueError, match="istft decoder hop 96 must divide hop_length 320"):
+        CodecConfig.from_dict({"decoder": {"kind": "istft", "hop": 96}})
+    with pytest.raises(ValueError, match="istft decoder.dim must be a positive integer"):
+        CodecConfig.from_dict({"decoder": {"dim": 0}})
     for bad in (100, 641, True):
-        with pytest.raises(ValueError, match="istft_n_fft must be None or an even integer >= 2 \\* istft_hop"):
-            CodecConfig(decoder="istft", istft_hop=80, istft_n_fft=bad)
-    assert Codec(CodecConfig(**{**TINY.to_dict(), "istft_n_fft": 640})).decoder.n_fft == 640
-    # A seanet config does not care about istft_hop (it is not used).
-    assert CodecConfig(istft_hop=96).decoder == "seanet"
+        with pytest.raises(ValueError, match="n_fft must be None or an even integer >= 2 \\* hop"):
+            CodecConfig.from_dict({"decoder": {"hop": 80, "n_fft": bad}})
+    assert Codec(CodecConfig.from_dict({**TINY.to_dict(), "decoder": {"dim": 16, "layers": 1}})).decoder.n_fft == 640
+    assert Codec(TINY).decoder.n_fft == 320  # n_fft None: 4 x hop
 
 
 def test_istft_decoder_is_cheaper_per_frame_than_it_is_wide():
@@ -133,33 +132,3 @@ def test_istft_decoder_is_cheaper_per_frame_than_it_is_wide():
     expected = (64 * d * k + d) + 2 * d + 8 * block + 2 * d + (d * 4 * 2 * 161 + 4 * 2 * 161)
     assert sum(p.numel() for p in dec.parameters()) == expected
     assert math.isclose(expected / 1e6, 7.79, abs_tol=0.01)
-
-
-def test_angle_vector_head_starts_as_the_angle_head_it_grows_from_and_learns_turns():
-    """from_angle_head: same spectra as the trained angle decoder (x = 1, y = 0); the vector rows
-    get gradients, and turning a vector turns the phase by its angle."""
-    torch.manual_seed(0)
-    angle = ISTFTDecoder(1, latent_dim=8, hop_length=320, istft_hop=80, dim=16, n_layers=2, causal=True)
-    vector = ISTFTDecoder(1, latent_dim=8, hop_length=320, istft_hop=80, dim=16, n_layers=2, causal=True,
-                          phase="angle_vector")
-    state = {k: v for k, v in angle.state_dict().items() if not k.startswith("head.")}
-    vector.load_state_dict(state, strict=False)
-    vector.from_angle_head(angle.head.weight, angle.head.bias)
-    z = torch.randn(2, 8, 6)
-    assert torch.allclose(vector.spectrum(z), angle.spectrum(z), atol=1e-5)
-    assert torch.allclose(vector(z), angle(z), atol=1e-5)
-
-    vector(z).pow(2).sum().backward()
-    grads = vector._head_view(vector.head.weight.grad)
-    assert grads[:, :, 3].abs().sum() > 0  # y rows learn (x rows too: they set the vector's length)
-    with torch.no_grad():  # y = x everywhere: every phase turns by pi / 4
-        vector._head_view(vector.head.bias)[:, :, 3].fill_(1.0)
-    turned = vector.spectrum(z) / angle.spectrum(z)
-    assert torch.allclose(turned.angle(), torch.full_like(turned.real, torch.pi / 4), atol=1e-4)
-
-    with pytest.raises(ValueError, match="needs phase='angle_vector'"):
-        angle.from_angle_head(angle.head.weight, angle.head.bias)
-    with pytest.raises(ValueError, match="an angle head of this decoder"):
-        vector.from_angle_head(vector.head.weight, vector.head.bias)
-    with pytest.raises(ValueError, match="phase must be one of"):
-        ISTFTDecoder(1, latent_dim=8, phase="complex")

@@ -1,5 +1,6 @@
 """The package layout stays layered: imports run down the layers only, no files import each other
-in a circle, and files and functions stay a size a reader can hold (the layout in README.md)."""
+in a circle, and files and functions stay a size a reader can hold (the layout in README.md); no
+code branches on a codec part's type outside that part's own module (codec.parts)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,40 @@ def oversized(root: Path) -> list[str]:
     return found
 
 
+def _name(node: ast.AST) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def _sources(root: Path):
+    for package in LAYERS:
+        for path in sorted((root / package).rglob("*.py")):
+            yield path, ast.parse(path.read_text(), str(path))
+
+
+def part_types(root: Path) -> dict[str, Path]:
+    """The codec part classes (decorated with `register_part(role, kind, ConfigClass)`) and their
+    config classes -> the module that defines them."""
+    found = {}
+    for path, tree in _sources(root):
+        for node in ast.walk(tree):
+            for deco in node.decorator_list if isinstance(node, ast.ClassDef) else ():
+                if isinstance(deco, ast.Call) and _name(deco.func) == "register_part":
+                    found.update({name: path for name in [node.name, *map(_name, deco.args[2:3])]})
+    return found
+
+
+def part_type_checks(root: Path) -> list[str]:
+    """Every isinstance / issubclass on a codec part type outside the part's own module."""
+    types, found = part_types(root), []
+    for path, tree in _sources(root):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _name(node.func) in ("isinstance", "issubclass") and len(node.args) == 2:
+                checked = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+                found += [f"{path.relative_to(root)}:{node.lineno} {_name(node.func)}(..., {name})"
+                          for name in map(_name, checked) if name in types and types[name] != path]
+    return found
+
+
 def test_imports_run_down_the_layers_only():
     assert upward_imports(import_graph(REPO)) == []
 
@@ -115,6 +150,24 @@ def test_no_files_import_each_other_in_a_circle():
 
 def test_files_and_functions_stay_small():
     assert oversized(REPO) == []
+
+
+def test_no_code_checks_a_codec_parts_type_outside_its_module():
+    assert {"SEANetEncoder", "ISTFTDecoder", "ISTFTDecoderConfig"} <= set(part_types(REPO))
+    assert part_type_checks(REPO) == []
+
+
+def test_the_part_type_check_finds_a_planted_one(tmp_path):
+    """isinstance on a registered part (or its config) is reported outside the part's module only."""
+    files = {"codec/wave.py": "@register_part('decoder', 'wave', WaveConfig)\nclass Wave:\n"
+                              "    def f(self, x):\n        return isinstance(x, Wave)\n",
+             "codec/model.py": "import codec.wave as w\n\n\ndef g(d, c):\n"
+                               "    return isinstance(d, w.Wave) or issubclass(c, (int, WaveConfig))\n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert part_type_checks(tmp_path) == ["codec/model.py:5 isinstance(..., Wave)",
+                                          "codec/model.py:5 issubclass(..., WaveConfig)"]
 
 
 def test_the_checks_find_what_they_look_for(tmp_path):

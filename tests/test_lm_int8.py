@@ -149,8 +149,8 @@ def test_export_lm_int8_and_generate_with_the_int8_folder(tmp_path, capsys):
     from rvqlm.cli import main
 
     torch.manual_seed(0)
-    codec = Codec(CodecConfig(encoder_channels=2, decoder_channels=2, latent_dim=8, n_codebooks=2,
-                              codebook_size=16, dilations=(1,))).eval()
+    codec = Codec(CodecConfig.from_flat(dict(encoder_channels=2, decoder_channels=2, latent_dim=8, n_codebooks=2,
+                              codebook_size=16, dilations=(1,)))).eval()
     codec.save_pretrained(tmp_path / "codec")
     cfg = LMConfig(n_codebooks=2, codebook_size=16, d_model=16, n_layers=1, n_heads=2, max_seq_len=40,
                    codec_fingerprint=codec.token_fingerprint())

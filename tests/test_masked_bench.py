@@ -23,8 +23,8 @@ def setup(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("masked_bench")
     torch.manual_seed(0)
-    codec = Codec(CodecConfig(encoder_channels=2, decoder_channels=4, latent_dim=8, n_codebooks=2,
-                              codebook_size=16, dilations=(1,))).eval()
+    codec = Codec(CodecConfig.from_flat(dict(encoder_channels=2, decoder_channels=4, latent_dim=8, n_codebooks=2,
+                              codebook_size=16, dilations=(1,)))).eval()
     codec.save_pretrained(root / "codec")
     rng = np.random.default_rng(0)
     arrays = {f"{split}/lvl/f{i}.wav": rng.integers(0, 16, (30 + 10 * i, 2)).astype(np.uint16)

@@ -172,8 +172,8 @@ def codec_and_masked(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("masked_pair")
     torch.manual_seed(0)
-    codec = Codec(CodecConfig(encoder_channels=2, decoder_channels=2, latent_dim=8, n_codebooks=2,
-                              codebook_size=16, dilations=(1,))).eval()
+    codec = Codec(CodecConfig.from_flat(dict(encoder_channels=2, decoder_channels=2, latent_dim=8, n_codebooks=2,
+                              codebook_size=16, dilations=(1,)))).eval()
     codec.save_pretrained(root / "codec")
     cfg = LMConfig(n_codebooks=2, codebook_size=16, d_model=16, n_layers=1, n_heads=2, max_seq_len=40,
                    pattern="parallel", family="masked", codec_fingerprint=codec.token_fingerprint())

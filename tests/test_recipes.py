@@ -24,7 +24,8 @@ COMMAND = re.compile(r"(?:rvqlm|\$RVQLM) (train-codec|train-lm|train-masked-lm)(
 
 
 def _recipes() -> list[Path]:
-    found = sorted(RECIPES.glob("*.yaml")) + sorted((RECIPES / "experiments").glob("*.yaml"))
+    found = sorted(RECIPES.glob("*.yaml")) + sorted(RECIPES.glob("shipped/*.yaml")) + sorted(
+        (RECIPES / "experiments").glob("*.yaml"))
     assert found, f"no recipes under {RECIPES}"
     return found
 
@@ -73,6 +74,10 @@ def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir)
     assert command == expected, f"{recipe.name}: codec_*.yaml, lm_*.yaml or lm_masked_*.yaml"
     assert layers[-1] == str(recipe.relative_to(REPO)), f"{recipe.name}: its header runs {layers[-1]}"
     config = _print_config(command, layers, capsys)
+    if command == "train-codec":  # `model.codec` holds each part's settings as a dict: build them
+        from codec.training import codec_config
+
+        codec_config(config["model"]["codec"])
     data = config["data"]
     if command == "train-lm" and recipe.name == "lm_text_bytes.yaml":
         assert data["tokens_dir"] == TEXT_TOKENS_DIR, "the token folder `rvqlm corpus text-tokens` writes"
@@ -89,7 +94,7 @@ def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir)
 def test_the_shipped_models_stages_parse_as_the_script_layers_them(capsys):
     stacks = _stacks(SCRIPT.read_text())
     assert [layers[-1] for command, layers in stacks if command == "train-codec"] == [
-        f"recipes/codec_speech_{stage}.yaml" for stage in
+        f"recipes/shipped/codec_speech_{stage}.yaml" for stage in
         ("istft", "long_window", "long_window_joint", "long_window_joint", "cycle", "speed", "loudness_decoder",
          "loudness_cycle", "voices")]
     for command, layers in stacks:
@@ -97,10 +102,11 @@ def test_the_shipped_models_stages_parse_as_the_script_layers_them(capsys):
 
 
 def test_recipes_holds_only_what_a_user_runs():
-    """The tiny recipes, the GPU-sized codec and the shipped models' stages; runs that were not kept
-    live in recipes/experiments/ (their story in docs/experiments.md)."""
-    staged = {Path(layer).name for _, layers in _stacks(SCRIPT.read_text()) for layer in layers}
-    assert {p.name for p in RECIPES.glob("*.yaml")} == USER_RECIPES | staged
+    """The tiny recipes, the GPU-sized codec and the shipped models' stages (the codec's in
+    recipes/shipped/); runs that were not kept live in recipes/experiments/ (docs/experiments.md)."""
+    staged = {layer for _, layers in _stacks(SCRIPT.read_text()) for layer in layers}
+    found = {str(p.relative_to(REPO)) for p in [*RECIPES.glob("*.yaml"), *RECIPES.glob("shipped/*.yaml")]}
+    assert found == {f"recipes/{name}" for name in USER_RECIPES} | staged
     notebook = (REPO / "docs" / "experiments.md").read_text()
     for recipe in (RECIPES / "experiments").glob("*.yaml"):
         assert f"recipes/experiments/{recipe.name}" in notebook, f"docs/experiments.md does not tell {recipe.name}"

@@ -34,7 +34,7 @@ TINY = dict(strides=(4, 4, 5, 4), encoder_channels=2, decoder_channels=2, latent
 
 def _tiny_codec(causal=True, seed=0) -> Codec:
     torch.manual_seed(seed)
-    return Codec(CodecConfig(causal=causal, **TINY)).eval()
+    return Codec(CodecConfig.from_flat(dict(causal=causal, **TINY))).eval()
 
 
 @pytest.fixture(scope="module")

@@ -28,9 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("export-codec", help="Lightning checkpoint of a codec run -> from_pretrained folder")
     p.add_argument("checkpoint", help="e.g. runs/codec_speech/version_0/checkpoints/last.ckpt, or a saved "
-                                      "codec folder to write again (e.g. with --decoder-dtype float16)")
+                                      "codec folder to write again (e.g. with --dtype float16)")
     p.add_argument("output", help="folder to write (config.json, model.safetensors, discriminator.safetensors)")
-    p.add_argument("--decoder-dtype", choices=STORAGE_DTYPES + QUANTIZED_DTYPES, default="float32",
+    p.add_argument("--dtype", choices=STORAGE_DTYPES + QUANTIZED_DTYPES, default="float32",
                    help="store the decoder's weights in this precision (half the file with float16; they "
                         "load as float32; int8: the iSTFT decoder's linear layers in int8, an inference-only "
                         "codec; the encoder and quantizer, hence the tokens, are always exact)")
@@ -78,7 +78,7 @@ def _train(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from codec.training import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.output, decoder_dtype=args.decoder_dtype)
+    out = export_checkpoint(args.checkpoint, args.output, decoder_dtype=args.dtype)
     print(f"exported {args.checkpoint} -> {out}")
     return 0
 

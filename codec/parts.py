@@ -1,0 +1,81 @@
+"""The codec's parts: what `Codec`, streaming, int8 and training need from an encoder or a decoder,
+and the registry of part kinds (kind name -> config class + module class).
+
+A part kind is a frozen dataclass of its settings and an nn.Module built from it, registered in
+the part's own module:
+
+    @dataclass(frozen=True)
+    class MyDecoderConfig:
+        width: int = 64
+        def check(self, codec: CodecConfig) -> None: ...          # optional: ValueError if it cannot fit
+
+    @register_part("decoder", "my_decoder", MyDecoderConfig)
+    class MyDecoder(nn.Module):
+        @classmethod
+        def from_config(cls, config: MyDecoderConfig, codec: CodecConfig) -> "MyDecoder": ...
+        def forward(self, z): ...                 # z [B, latent_dim, T] -> wav [B, channels, T * hop]
+        def streaming_step(self, exact): ...      # a DecoderStream (streaming needs it; causal codecs only)
+
+and a codec config then names it: `decoder: {kind: my_decoder, width: 64}`. An encoder's forward
+maps wav [B, channels, T * hop] -> z [B, latent_dim, T], and it offers `frame_span()` and
+`streaming_step()` (a `codec.streaming_layers.Step`: wav chunks -> latent frames). Int8 export
+takes a decoder's nn.Linear layers, whatever the part (codec.int8).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Protocol
+
+import torch
+
+ROLES = ("encoder", "decoder")
+_BUILTIN_MODULES = ("codec.seanet", "codec.istft_decoder")  # the parts that ship with rvqlm
+_REGISTRY: dict[str, dict[str, tuple[type, type]]] = {role: {} for role in ROLES}
+
+
+class DecoderStream(Protocol):
+    """A decoder over chunks: `step(z [B, D, t]) -> wav [B, C, samples now final]`; `flush(batch)`
+    -> the samples still held back, [B, C, lookahead_samples]; `lookahead_samples`: how far the
+    audio lags the latent frames."""
+
+    lookahead_samples: int
+
+    def step(self, z: torch.Tensor) -> torch.Tensor: ...
+
+    def flush(self, batch: int) -> torch.Tensor: ...
+
+
+def register_part(role: str, kind: str, config_class: type) -> Callable[[type], type]:
+    """Class decorator: register a module class (with `from_config`) as the `kind` of `role`,
+    built from `config_class` settings. A kind is registered once."""
+    if role not in ROLES:
+        raise ValueError(f"a codec part is one of {ROLES}, got {role!r}")
+
+    def register(module_class: type) -> type:
+        known = _REGISTRY[role].get(kind)
+        if known is not None and known != (config_class, module_class):
+            raise ValueError(f"codec {role} kind {kind!r} is already registered ({known[1].__name__})")
+        _REGISTRY[role][kind] = (config_class, module_class)
+        config_class.kind = kind
+        return module_class
+
+    return register
+
+
+def _entry(role: str, kind: Any) -> tuple[type, type]:
+    for name in _BUILTIN_MODULES:
+        importlib.import_module(name)
+    if kind not in _REGISTRY[role]:
+        raise ValueError(f"unknown codec {role} kind {kind!r}; registered: {sorted(_REGISTRY[role])}")
+    return _REGISTRY[role][kind]
+
+
+def part_config_class(role: str, kind: str) -> type:
+    """The settings dataclass of `role` kind `kind`."""
+    return _entry(role, kind)[0]
+
+
+def build_part(role: str, config: Any, codec_config: Any) -> torch.nn.Module:
+    """The module of part `config` (a registered config dataclass) in a codec of `codec_config`."""
+    return _entry(role, config.kind)[1].from_config(config, codec_config)
