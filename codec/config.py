@@ -1,13 +1,7 @@
-"""CodecConfig: every setting that shapes a codec, validated, round-trippable to JSON; and the
-bitrate arithmetic (frame rate x N_c x ceil(log2 |V|)), written once.
-
-    sample_rate: 16000, channels: 1, strides: [4, 4, 5, 4], latent_dim: 64, causal: true
-    encoder:   {kind: seanet, channels: 8, ...}       # a registered part kind (codec.parts)
-    quantizer: {n_codebooks: 8, codebook_size: 1024, ...}
-    decoder:   {kind: istft, dim: 384, layers: 8, hop: 160, n_fft: 640}
-
-The defaults are the shipped codec's (models/codec-speech-16k). Version-1 folders held the same
-settings flat (codec.config_v1 reads them, and gives the fingerprints their version-1 form).
+"""CodecConfig: every setting that shapes a codec, nested by part (the frame grid, then `encoder`,
+`quantizer`, `decoder`: registered part kinds, codec.parts), validated, round-trippable to JSON; and
+the bitrate arithmetic (frame rate x N_c x ceil(log2 |V|)), written once. The defaults are the
+shipped codec's; codec.config_v1 reads version 1's flat form and gives its fingerprints.
 """
 
 from __future__ import annotations
@@ -130,8 +124,8 @@ class CodecConfig:
         (frame grid, encoder, quantizer), version-1 flat where version 1 had them; never the decoder's."""
         from codec.config_v1 import flat_token_settings
 
-        return flat_token_settings(self) or {"format_version": 2, **{k: v for k, v in self.to_dict().items()
-                                                                   if k != "decoder"}}
+        nested = {k: v for k, v in self.to_dict().items() if k != "decoder"}
+        return flat_token_settings(self) or {"format_version": 2, **nested}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, source: str = "codec config") -> "CodecConfig":

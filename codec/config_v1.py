@@ -18,10 +18,8 @@ FLAT_DEFAULTS: dict[str, Any] = {
     "encoder_layers": 6, "encoder_hop": 80, "decoder": "seanet", "decoder_dim": 384, "decoder_layers": 8,
     "istft_hop": 80, "istft_n_fft": None, "istft_phase": "angle"}
 TOP = ("sample_rate", "channels", "strides", "latent_dim", "causal")
-QUANTIZER = {"n_codebooks": "n_codebooks", "codebook_size": "codebook_size", "ema_decay": "ema_decay",
-             "kmeans_init": "kmeans_init", "kmeans_iters": "kmeans_iters",
-             "dead_code_threshold": "dead_code_threshold", "quantizer_dropout": "dropout",
-             "commitment_weight": "commitment_weight"}  # flat name -> quantizer setting
+QUANTIZER = {**{k: k for k in ("n_codebooks", "codebook_size", "ema_decay", "kmeans_init", "kmeans_iters",
+                                "dead_code_threshold", "commitment_weight")}, "quantizer_dropout": "dropout"}
 SEANET_COMMON = ("dilations", "kernel_size", "residual_kernel_size", "last_kernel_size", "compress")
 SEANET_ENCODER = {"encoder_channels": "channels", "encoder_full_rate_residuals": "full_rate_residuals",
                   **{k: k for k in SEANET_COMMON}}

@@ -16,13 +16,11 @@ import dataclasses
 import os
 from pathlib import Path
 
-from typing import Iterator
-
 import lightning as L
 import numpy as np
 import torch
 import torchaudio.functional as AF
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset
 
 from codec.audio import AUDIO_SUFFIXES, audio_info, load_audio
 from codec.augment import Augmentation

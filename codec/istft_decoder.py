@@ -61,8 +61,8 @@ class ISTFTDecoderConfig:
 class ISTFTDecoder(nn.Module):
     """Latent frames -> waveform through a predicted spectrogram. z [B, latent_dim, T] -> [B, channels, T * hop].
 
-    dim / n_layers / hidden: the ConvNeXt stack's width, depth and MLP width. istft_hop must
-    divide hop_length; each latent frame predicts hop_length / istft_hop spectra of
+    dim / n_layers / hidden: the ConvNeXt stack's width, depth and MLP width. Each latent frame
+    predicts hop_length / istft_hop (a whole number) spectra of
     n_fft points (default 4 * istft_hop: Hann window, 75 % overlap). Magnitudes are exp(log-magnitude)
     clipped at 100, phases free angles.
     """
@@ -73,13 +73,9 @@ class ISTFTDecoder(nn.Module):
                  dim: int = 384, n_layers: int = 8, hidden: int | None = None, kernel_size: int = 7,
                  causal: bool = False, n_fft: int | None = None):
         super().__init__()
-        if hop_length % istft_hop:
-            raise ValueError(f"istft_hop {istft_hop} must divide the codec's hop_length {hop_length}")
         self.channels, self.hop_length, self.istft_hop = channels, hop_length, istft_hop
         self.per_frame = hop_length // istft_hop
-        self.n_fft = 4 * istft_hop if n_fft is None else n_fft
-        if self.n_fft < 2 * istft_hop or self.n_fft % 2:
-            raise ValueError(f"n_fft must be even and >= 2 * istft_hop ({2 * istft_hop}), got {self.n_fft}")
+        self.n_fft = 4 * istft_hop if n_fft is None else n_fft  # ISTFTDecoderConfig checks both
         self.n_bins = self.n_fft // 2 + 1
         self.embed = nn.Conv1d(latent_dim, dim, kernel_size)
         self.embed_pad = conv_padding(kernel_size, causal)

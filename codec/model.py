@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +50,10 @@ class CodecOutput:
 
     audio: [B, C, S] reconstruction, trimmed to the input length.
     quantizer: the QuantizerOutput (codes [B, k, T], commit_loss, usage metrics).
-    latent: [B, D, T] encoder output before quantization.
     """
 
     audio: torch.Tensor
     quantizer: QuantizerOutput
-    latent: torch.Tensor = field(repr=False)
 
 
 class Codec(nn.Module):
@@ -140,9 +138,8 @@ class Codec(nn.Module):
         """
         self._check_wav(wav)
         length = wav.shape[-1]
-        latent = self.encoder(self.pad_to_hop(wav))
-        q = self.quantizer(latent, n_q=n_q)
-        return CodecOutput(audio=self.decoder(q.quantized)[..., :length], quantizer=q, latent=latent)
+        q = self.quantizer(self.encoder(self.pad_to_hop(wav)), n_q=n_q)
+        return CodecOutput(audio=self.decoder(q.quantized)[..., :length], quantizer=q)
 
     # ------------------------------------------------------------------ inference API
 
@@ -268,7 +265,6 @@ class Codec(nn.Module):
 def _folder_version(path: str | os.PathLike) -> int:
     """1 for a folder of format version 1 (flat config.json), else this rvqlm's (read_folder checks it)."""
     try:
-        header = json.loads((Path(path) / CONFIG_FILE).read_text())
-    except (OSError, ValueError):
+        return 1 if json.loads((Path(path) / CONFIG_FILE).read_text())["format_version"] == 1 else FOLDER_FORMAT.version
+    except (OSError, ValueError, KeyError, TypeError):
         return FOLDER_FORMAT.version
-    return 1 if isinstance(header, dict) and header.get("format_version") == 1 else FOLDER_FORMAT.version

@@ -1,25 +1,14 @@
-"""The codec's parts: what `Codec`, streaming, int8 and training need from an encoder or a decoder,
-and the registry of part kinds (kind name -> config class + module class).
+"""The codec's parts and their registry: a part kind is a frozen settings dataclass and an nn.Module
+built from it (`from_config(config, codec_config)`), registered in the part's own module with
+`@register_part(role, kind, ConfigClass)`; a codec config names it (`decoder: {kind: ..., ...}`).
 
-A part kind is a frozen dataclass of its settings and an nn.Module built from it, registered in
-the part's own module:
-
-    @dataclass(frozen=True)
-    class MyDecoderConfig:
-        width: int = 64
-        def check(self, codec: CodecConfig) -> None: ...          # optional: ValueError if it cannot fit
-
-    @register_part("decoder", "my_decoder", MyDecoderConfig)
-    class MyDecoder(nn.Module):
-        @classmethod
-        def from_config(cls, config: MyDecoderConfig, codec: CodecConfig) -> "MyDecoder": ...
-        def forward(self, z): ...                 # z [B, latent_dim, T] -> wav [B, channels, T * hop]
-        def streaming_step(self, exact): ...      # a DecoderStream (streaming needs it; causal codecs only)
-
-and a codec config then names it: `decoder: {kind: my_decoder, width: 64}`. An encoder's forward
-maps wav [B, channels, T * hop] -> z [B, latent_dim, T], and it offers `frame_span()` and
-`streaming_step()` (a `codec.streaming_layers.Step`: wav chunks -> latent frames). Int8 export
-takes a decoder's nn.Linear layers, whatever the part (codec.int8).
+What `Codec`, codec.streaming, codec.int8 and codec.training need of a part:
+  encoder: forward(wav [B, C, T * hop]) -> z [B, latent_dim, T]; frame_span() -> (lo, hi);
+           streaming_step() -> a codec.streaming_layers.Step (wav chunks -> latent frames)
+  decoder: forward(z [B, latent_dim, T]) -> wav [B, C, T * hop]; streaming_step(exact) -> a DecoderStream
+  config:  optional check(codec_config) -> None, ValueError where the part cannot fit the codec
+Int8 export takes a decoder's nn.Linear layers, whatever the part. tests/test_codec_parts.py
+registers a toy decoder in the test file alone.
 """
 
 from __future__ import annotations
@@ -77,5 +66,5 @@ def part_config_class(role: str, kind: str) -> type:
 
 
 def build_part(role: str, config: Any, codec_config: Any) -> torch.nn.Module:
-    """The module of part `config` (a registered config dataclass) in a codec of `codec_config`."""
+    """The module of part `config` (a registered settings dataclass) in a codec of `codec_config`."""
     return _entry(role, config.kind)[1].from_config(config, codec_config)

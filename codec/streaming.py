@@ -22,10 +22,9 @@ agree to ~1e-7, and the codes, nearest codebook vectors, still agree unless two 
 a tie (none in the tests). On the GPU no kernel is pinned. The decoder, which owes only 1e-5, runs
 plain kernels unless built with `exact=True` (then about twice the compute per frame).
 
-Latency: a frame's codes exist once its last sample has arrived (the causal encoder has no
-look-ahead). Each part streams itself (`streaming_step`, codec.parts): the SEANet decoder's output
-for a frame is final at once; the iSTFT decoder's overlap-add needs the next n_fft / 2 samples'
-spectra as well, so its audio lags the codes by n_fft / 2 samples (`lookahead_samples`). An input sample thus comes back at most
+Latency: a frame's codes exist once its last sample has arrived (no look-ahead). Each part streams
+itself (`streaming_step`, codec.parts); a decoder's audio may lag its frames (`lookahead_samples`:
+0 for SEANet, n_fft / 2 for the iSTFT decoder's overlap-add), so an input sample comes back at most
 hop_length + lookahead_samples samples later (`latency_samples`), plus compute time.
 
 Only causal codecs (config `causal: true`) stream; a step object snapshots the codec's weights
@@ -143,8 +142,7 @@ class StreamingEncoder:
 class StreamingDecoder:
     """Codes frame by frame -> audio as soon as it is final. See the module docstring.
 
-    lookahead_samples: how far behind the codes the decoder's audio is (its part's `streaming_step`:
-    0 for SEANet, n_fft / 2 for iSTFT);
+    lookahead_samples: how far behind the codes the decoder's audio is (see the module docstring);
     latency_samples = hop_length + lookahead_samples: from a sample entering a streaming encoder
     to its reconstruction leaving this decoder, compute time aside.
     exact: run the offline pass's kernels (see the module docstring); default plain, faster ones.

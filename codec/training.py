@@ -96,21 +96,13 @@ class CodecModule(ResumesRngState, L.LightningModule):
         start = Codec.from_pretrained(folder)
         mine, theirs = self.codec.config.to_dict(), start.config.to_dict()
         differ = sorted(k for k in mine if mine[k] != theirs[k])
-        if differ == ["decoder"] and new_decoder_allowed:
-            self._load_all_but("decoder.", start.state_dict(), folder)
-        elif differ:
+        if differ and not (differ == ["decoder"] and new_decoder_allowed):
             hint = "" if new_decoder_allowed else " (only the decoder may differ, with train_decoder_only)"
             raise ValueError(f"init_from {folder}: its codec differs from this recipe's in "
                              + ", ".join(f"{k} ({theirs[k]!r} vs {mine[k]!r})" for k in differ) + hint)
-        else:
-            self.codec.load_state_dict(start.state_dict())
-
-    def _load_all_but(self, prefix: str, state: dict[str, torch.Tensor], folder: str) -> None:
-        """Load every tensor of `state` outside `prefix` (e.g. "decoder."), which the caller fills."""
-        kept = {k: v for k, v in state.items() if not k.startswith(prefix)}
-        missing, unexpected = self.codec.load_state_dict(kept, strict=False)
-        if unexpected or any(not k.startswith(prefix) for k in missing):
-            raise ValueError(f"init_from {folder}: unexpected tensors {unexpected} / missing {missing}")
+        # A new decoder starts fresh: the encoder's and quantizer's tensors are taken (same names and shapes).
+        self.codec.load_state_dict({k: v for k, v in start.state_dict().items()
+                                    if not (differ and k.startswith("decoder."))}, strict=not differ)
 
     # ------------------------------------------------------------------ optimization
 
