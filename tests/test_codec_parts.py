@@ -106,12 +106,29 @@ def test_a_decoder_registered_in_a_test_file_trains_encodes_decodes_and_streams(
     assert StreamingDecoder(codec).latency_samples == codec.hop_length
 
 
-def test_the_toy_decoder_learns_and_exports_to_int8(toy_codec_dir, corpus_dir, tmp_path):
-    """Its weights moved from their start (training reached it), and int8 export takes its linear layers."""
+def test_the_toy_decoder_learns_in_codec_training(corpus_dir):
+    """CodecModule's training steps (losses, optimizer, schedule) move every decoder weight."""
+    import lightning as L
+    import yaml
+
+    from codec.data import CodecDataModule
+
+    torch.manual_seed(0)
+    settings = {**yaml.safe_load(TINY_RECIPE.read_text())["model"]["codec"], "decoder": TOY}
+    module = CodecModule(settings, losses={"mel_n_ffts": [256, 1024]}, optim={"lr": 1e-2})
+    before = {k: v.clone() for k, v in module.codec.decoder.state_dict().items()}
+    data = CodecDataModule(corpus_dir=str(corpus_dir), crop_seconds=0.2, batch_size=2, max_train_files=4,
+                           max_valid_files=1)
+    trainer = L.Trainer(accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False, limit_val_batches=0,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule=data)
+    after = module.codec.decoder.state_dict()
+    assert trainer.global_step == 3 and all(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_toy_decoder_exports_to_int8(toy_codec_dir, tmp_path):
+    """Int8 export takes any decoder's linear layers; the tokens stay the float codec's."""
     codec = Codec.from_pretrained(toy_codec_dir)
-    torch.manual_seed(0)  # the recipe's seed: the run's initial weights
-    fresh = Codec(codec.config)
-    assert not torch.equal(fresh.decoder.mlp[0].weight, codec.decoder.mlp[0].weight)
     assert main(["export-codec", str(toy_codec_dir), str(tmp_path / "int8"), "--dtype", "int8"]) == 0
     int8 = Codec.from_pretrained(tmp_path / "int8")
     assert int8.token_fingerprint() == codec.token_fingerprint()
