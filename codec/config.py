@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from codec.config_v1 import flat_settings, flat_token_settings, nested_from_flat
 from codec.parts import part_config_class
 from rvqlm_core.settings import settings_from_dict
 
@@ -55,8 +56,11 @@ class QuantizerConfig:
             raise ValueError(f"quantizer.codebook_size must be >= 2, got {self.codebook_size}")
 
 
+DEFAULT_KINDS = {"encoder": "seanet", "decoder": "istft"}  # the shipped codec's parts
+
+
 def _default_part(role: str):
-    return lambda: part_config_class(role, {"encoder": "seanet", "decoder": "istft"}[role])()
+    return lambda: part_config_class(role, DEFAULT_KINDS[role])()
 
 
 @dataclass(frozen=True)
@@ -115,15 +119,11 @@ class CodecConfig:
     def shaping_settings(self) -> dict[str, Any]:
         """The dict `Codec.fingerprint` hashes: the version-1 flat settings where this codec has
         them (every codec version 1 could describe keeps its fingerprint), else `to_dict()`."""
-        from codec.config_v1 import flat_settings
-
         return flat_settings(self) or {"format_version": 2, **self.to_dict()}
 
     def token_settings(self) -> dict[str, Any]:
         """The dict `Codec.token_fingerprint` hashes: the shaping settings of what makes the tokens
         (frame grid, encoder, quantizer), version-1 flat where version 1 had them; never the decoder's."""
-        from codec.config_v1 import flat_token_settings
-
         nested = {k: v for k, v in self.to_dict().items() if k != "decoder"}
         return flat_token_settings(self) or {"format_version": 2, **nested}
 
@@ -145,8 +145,6 @@ class CodecConfig:
     def from_flat(cls, d: dict[str, Any], *, source: str = "codec config") -> "CodecConfig":
         """Build from version 1's flat dict (config.json of format version 1; missing settings take
         version 1's defaults, e.g. a SEANet decoder). codec.config_v1 has the mapping."""
-        from codec.config_v1 import nested_from_flat
-
         return cls.from_dict(nested_from_flat(d, source), source=source)
 
 
@@ -163,5 +161,5 @@ def part_from_dict(role: str, d: Any, source: str) -> Any:
     if not isinstance(d, dict):
         raise ValueError(f"{source}: expected an object of {role} settings, got {type(d).__name__}")
     d = dict(d)
-    kind = d.pop("kind", _default_part(role)().kind)
+    kind = d.pop("kind", DEFAULT_KINDS[role])
     return settings_from_dict(part_config_class(role, kind), d, source)

@@ -55,7 +55,7 @@ def register_part(role: str, kind: str, config_class: type) -> Callable[[type], 
 def _entry(role: str, kind: Any) -> tuple[type, type]:
     for name in _BUILTIN_MODULES:
         importlib.import_module(name)
-    if kind not in _REGISTRY[role]:
+    if not isinstance(kind, str) or kind not in _REGISTRY[role]:
         raise ValueError(f"unknown codec {role} kind {kind!r}; registered: {sorted(_REGISTRY[role])}")
     return _REGISTRY[role][kind]
 
