@@ -7,9 +7,8 @@ Each configuration runs the real training computation of `recipes/codec_speech.y
 AdamW step) on random audio of the recipe's batch shape; the first step (k-means init, allocator
 warm-up) is left out and the median of the others is reported, with each configuration's ratio to
 the SEANet decoder run in the same process (this machine is shared and noisy: compare ratios).
-The discriminators are timed on their own (`--disc`), as the adversarial part of a step: the
-multi-scale STFT one (FFT sizes 1024 / 512 / 256) at 32 and 8 filters, and the multi-period one
-(periods 2 / 3 / 5 / 7 / 11) at 16 and 8 filters.
+The discriminator is timed on its own (`--disc`), as the adversarial part of a step: the
+multi-scale STFT one (FFT sizes 1024 / 512 / 256) at 32 and 8 filters.
 """
 
 from __future__ import annotations
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=7, help="timed steps per configuration (after one warm-up)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seconds", type=float, default=1.0, help="crop length")
-    p.add_argument("--disc", action="store_true", help="also time the discriminators (MS-STFT, multi-period)")
+    p.add_argument("--disc", action="store_true", help="also time the MS-STFT discriminator")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     wav = torch.randn(args.batch, 1, int(16000 * args.seconds)) * 0.1
@@ -97,8 +96,6 @@ def main(argv: list[str] | None = None) -> int:
               f"x{base / med:.2f} vs seanet", flush=True)
     if args.disc:
         discriminators = {f"MS-STFT, {f} filters": dict(filters=f) for f in (32, 8)}
-        discriminators.update({f"multi-period, {f} filters": dict(n_ffts=(), periods=(2, 3, 5, 7, 11), period_filters=f)
-                               for f in (16, 8)})
         for name, settings in discriminators.items():
             med = statistics.median(time_discriminator(wav, max(2, args.steps // 3), **settings))
             print(f"{name + ' discriminator':<40} {'':>11}  {med:6.3f} s/step  (x{med / base:.1f} a SEANet codec step)",

@@ -1,15 +1,10 @@
-"""The codec's discriminators and the adversarial losses.
+"""The codec's discriminator and the adversarial losses.
 
-* Multi-scale STFT (after EnCodec's MS-STFTD): each scale takes the complex STFT of the waveform
-  (real and imaginary parts as 2 channels per audio channel) and runs a small stack of weight-normed
-  2-D convolutions, dilated and strided along time.
-* Multi-period (after HiFi-GAN's MPD): each period p folds the waveform into a [S / p, p] grid, so
-  that samples one period apart line up in a column, and convolves along the columns only: a
-  signal of period p is constant down a column.
-
-Each returns a map of real/fake logits plus every intermediate feature map (for the
-feature-matching loss). `CodecDiscriminator` holds both kinds (either may be empty). Saved next to
-the codec as `discriminator.safetensors` (weights, with the constructor settings in the file's
+Multi-scale STFT (after EnCodec's MS-STFTD): each scale takes the complex STFT of the waveform
+(real and imaginary parts as 2 channels per audio channel) and runs a small stack of weight-normed
+2-D convolutions, dilated and strided along time, to a map of real/fake logits plus every
+intermediate feature map (for the feature-matching loss). `CodecDiscriminator` holds one per
+scale. Saved next to the codec as `discriminator.safetensors` (weights, with the constructor settings in the file's
 metadata) so a trained codec can be fine-tuned adversarially.
 """
 
@@ -21,7 +16,6 @@ import os
 from typing import Sequence
 
 import torch
-from einops import rearrange
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -62,49 +56,19 @@ class STFTDiscriminator(nn.Module):
         return _run(self.convs, self.post, x, slope=0.2)
 
 
-class PeriodDiscriminator(nn.Module):
-    """One period. wav [B, C, S] -> (logits [B, 1, S' / p, p], [feature maps]).
-
-    The waveform is reflect-padded to a multiple of `period` and folded to [B, C, S / p, p]; then
-    weight-normed convolutions with (5, 1) kernels, strided 3 along the column, widen
-    filters -> 2 filters -> 4 filters, one more at stride 1, and a (3, 1) conv to one logit map.
-    """
-
-    def __init__(self, period: int, channels: int = 1, filters: int = 16):
-        super().__init__()
-        if period < 2:
-            raise ValueError(f"a period discriminator needs a period >= 2, got {period}")
-        self.period = period
-        widths = [channels, filters, 2 * filters, 4 * filters]
-        convs = [weight_norm(nn.Conv2d(a, b, (5, 1), stride=(3, 1), padding=(2, 0))) for a, b in zip(widths, widths[1:])]
-        convs.append(weight_norm(nn.Conv2d(widths[-1], widths[-1], (5, 1), padding=(2, 0))))
-        self.convs = nn.ModuleList(convs)
-        self.post = weight_norm(nn.Conv2d(widths[-1], 1, (3, 1), padding=(1, 0)))
-
-    def forward(self, wav: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        extra = (-wav.shape[-1]) % self.period
-        if extra:
-            wav = F.pad(wav, (0, extra), mode="reflect" if wav.shape[-1] > extra else "constant")
-        return _run(self.convs, self.post, rearrange(wav, "b c (t p) -> b c t p", p=self.period), slope=0.1)
-
-
 class CodecDiscriminator(nn.Module):
-    """Multi-scale STFT discriminators (`n_ffts`) and multi-period ones (`periods`), side by side.
+    """Multi-scale STFT discriminators, one per FFT size in `n_ffts`, side by side.
 
-    wav [B, C, S] -> ([logits of each discriminator], [feature maps of each]): STFT scales first,
-    then periods. Either list of settings may be empty, not both.
+    wav [B, C, S] -> ([logits of each discriminator], [feature maps of each]).
     """
 
     def __init__(self, n_ffts: Sequence[int] = (1024, 512, 256), channels: int = 1, filters: int = 32,
-                 dilations: Sequence[int] = (1, 2, 4), periods: Sequence[int] = (), period_filters: int = 16):
+                 dilations: Sequence[int] = (1, 2, 4)):
         super().__init__()
-        if not n_ffts and not periods:
-            raise ValueError("a discriminator needs at least one STFT scale (n_ffts) or one period (periods)")
-        self.config = {"n_ffts": list(n_ffts), "channels": channels, "filters": filters, "dilations": list(dilations),
-                       "periods": list(periods), "period_filters": period_filters}
-        self.discriminators = nn.ModuleList(
-            [STFTDiscriminator(n, channels, filters, dilations) for n in n_ffts]
-            + [PeriodDiscriminator(p, channels, period_filters) for p in periods])
+        if not n_ffts:
+            raise ValueError("a discriminator needs at least one STFT scale (n_ffts)")
+        self.config = {"n_ffts": list(n_ffts), "channels": channels, "filters": filters, "dilations": list(dilations)}
+        self.discriminators = nn.ModuleList([STFTDiscriminator(n, channels, filters, dilations) for n in n_ffts])
 
     def forward(self, wav: torch.Tensor) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
         logits, features = [], []
@@ -156,6 +120,8 @@ def load_discriminator(path: str | os.PathLike) -> CodecDiscriminator:
     if "config" not in meta:
         raise ValueError(f"{path}: no discriminator settings in its metadata")
     config = json.loads(meta["config"])
+    if config.get("periods") == []:  # written before the period discriminators went (git 69f8875): none
+        config = {k: v for k, v in config.items() if k not in ("periods", "period_filters")}
     expected = set(inspect.signature(CodecDiscriminator.__init__).parameters) - {"self"}
     if set(config) != expected:
         raise ValueError(f"{path}: discriminator settings {sorted(config)}, expected {sorted(expected)}")

@@ -76,8 +76,7 @@ class CodecModule(ResumesRngState, L.LightningModule):
         self.mel_loss = MultiScaleMelLoss(config.sample_rate, self.losses.mel_n_ffts, self.losses.mel_max_mels,
                                           loudness_exponent=self.losses.loudness_exponent)
         adv = self.adversarial
-        self.discriminator = (CodecDiscriminator(adv.n_ffts, config.channels, adv.filters, periods=adv.periods,
-                                                 period_filters=adv.period_filters) if adv.enabled else None)
+        self.discriminator = CodecDiscriminator(adv.n_ffts, config.channels, adv.filters) if adv.enabled else None
         self._last_step_end: float | None = None
         self._originals_written = False
         if train_decoder_only and init_from is None:

@@ -68,7 +68,7 @@ class Losses:
 @dataclass
 class Adversarial:
     """A `codec.discriminator.CodecDiscriminator` trained beside the codec from step `start_step` on:
-    STFT scales at `n_ffts` (`filters` wide) and periods at `periods` (`period_filters` wide)."""
+    STFT scales at `n_ffts` (`filters` wide)."""
 
     enabled: bool = False
     start_step: int = 0
@@ -77,13 +77,11 @@ class Adversarial:
     disc_lr: float = 3e-4  # the discriminator's AdamW (betas and schedule: the codec's)
     n_ffts: list[int] = field(default_factory=lambda: [1024, 512, 256])
     filters: int = 32
-    periods: list[int] = field(default_factory=list)
-    period_filters: int = 16
 
     def __post_init__(self) -> None:
-        self.n_ffts, self.periods = [int(n) for n in self.n_ffts], [int(p) for p in self.periods]
-        if self.enabled and not self.n_ffts and not self.periods:
-            raise ValueError("adversarial training needs at least one STFT scale (n_ffts) or one period (periods)")
+        self.n_ffts = [int(n) for n in self.n_ffts]
+        if self.enabled and not self.n_ffts:
+            raise ValueError("adversarial training needs at least one STFT scale (n_ffts)")
         if self.start_step < 0 or min(self.adv_weight, self.feat_weight) < 0:
             raise ValueError(f"start_step, adv_weight and feat_weight must be >= 0, got {self.start_step}, "
                              f"{self.adv_weight} and {self.feat_weight}")

@@ -250,17 +250,15 @@ def test_an_interrupted_codec_run_resumes_exactly(tmp_path, corpus_dir):
 def test_adversarial_training_exports_the_discriminator(tmp_path, corpus_dir):
     assert _run(tmp_path, corpus_dir, "--trainer.max_steps", "3", "--model.adversarial.enabled", "true",
                 "--model.adversarial.start_step", "1", "--model.adversarial.filters", "4",
-                "--model.adversarial.n_ffts", "[256, 128]", "--model.adversarial.periods", "[2, 3]",
-                "--model.adversarial.period_filters", "4") == 0
+                "--model.adversarial.n_ffts", "[256, 128]") == 0
     run = tmp_path / "codec_tiny" / "version_0"
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     disc_steps = sorted(int(r["step"]) for r in rows if r.get("train/disc"))
     assert disc_steps == [1, 2]  # off before adversarial_start_step; global_step counts codec steps only
     disc = load_discriminator(run / "pretrained" / "discriminator.safetensors")
-    assert len(disc.discriminators) == 4 and disc.config["periods"] == [2, 3]
+    assert len(disc.discriminators) == 2 and disc.config["n_ffts"] == [256, 128] and disc.config["filters"] == 4
     logits, features = disc(torch.randn(1, 1, 4000))
-    assert len(logits) == 4 and len(features[0]) == 5 and len(features[2]) == 4
-    assert logits[2].shape[-1] == 2 and logits[3].shape[-1] == 3
+    assert len(logits) == 2 and len(features[0]) == 5
     Codec.from_pretrained(run / "pretrained")  # the discriminator file does not disturb loading
 
 
@@ -364,7 +362,7 @@ def test_training_settings_check_their_values_and_read_back_from_checkpoints():
     from codec.training_config import Adversarial, as_settings
 
     with pytest.raises(ValueError, match="at least one STFT scale"):
-        Adversarial(enabled=True, n_ffts=[], periods=[])
+        Adversarial(enabled=True, n_ffts=[])
     with pytest.raises(ValueError, match="betas must be two numbers"):
         Optimization(betas=[0.9])
     with pytest.raises(ValueError, match="decay_steps >= 1"):
@@ -374,9 +372,9 @@ def test_training_settings_check_their_values_and_read_back_from_checkpoints():
     with pytest.raises(ValueError, match="expected a JSON object of Adversarial settings"):
         as_settings(Adversarial, True)
     module = CodecModule(TINY, losses=Losses(mel_n_ffts=(256, 1024), loudness_weight=2.0),
-                         adversarial=Adversarial(enabled=True, filters=4, periods=(2,)), optim=Optimization(lr=1e-3))
+                         adversarial=Adversarial(enabled=True, filters=4, n_ffts=(256, 128)), optim=Optimization(lr=1e-3))
     hp = module.hparams
-    assert hp["losses"]["mel_n_ffts"] == [256, 1024] and hp["adversarial"]["periods"] == [2]
+    assert hp["losses"]["mel_n_ffts"] == [256, 1024] and hp["adversarial"]["n_ffts"] == [256, 128]
     again = CodecModule(hp["codec"], losses=hp["losses"], adversarial=hp["adversarial"], optim=hp["optim"])
     assert (again.losses, again.adversarial, again.optim) == (module.losses, module.adversarial, module.optim)
-    assert len(again.discriminator.discriminators) == 4
+    assert len(again.discriminator.discriminators) == 2
