@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from rvqlm.roundtrips import held_out_parser
+from rvqlm.quality.roundtrips import held_out_parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from codec.audio import load_audio
     from codec.augment import band_energy_above, telephone_band
     from codec.losses import mel_distance
-    from rvqlm.roundtrips import mono_codec_and_files
+    from rvqlm.quality.roundtrips import mono_codec_and_files
 
     t0 = time.perf_counter()
     codec, files = mono_codec_and_files(args.codec, args.corpus, args.split, args.max_files, "codec_band_limit.py")

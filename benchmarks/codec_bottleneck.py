@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from rvqlm.roundtrips import held_out_parser
+from rvqlm.quality.roundtrips import held_out_parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from codec.audio import load_audio
     from codec.data import evenly_spaced
     from codec.losses import mel_distance
-    from rvqlm.corpus import corpus_files
+    from rvqlm.corpora.fillets import corpus_files
 
     t0 = time.perf_counter()
     codec = Codec.from_pretrained(args.codec).eval()

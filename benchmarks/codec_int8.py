@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:  # run as a script: benchmarks/ is a package of th
 from benchmarks.codec_streaming import speech as streaming_speech  # noqa: E402
 from codec import Codec  # noqa: E402
 from codec.streaming import StreamingDecoder  # noqa: E402
-from rvqlm.metrics import pesq_wb, stoi  # noqa: E402
+from rvqlm.quality.metrics import pesq_wb, stoi  # noqa: E402
 from rvqlm_core.int8_linear import Int8Linear  # noqa: E402
 
 

@@ -37,7 +37,7 @@ import torch
 
 from codec.excitation import excitation_spectra
 from codec.pitch import yin
-from rvqlm.roundtrips import held_out_parser
+from rvqlm.quality.roundtrips import held_out_parser
 
 
 VARIANTS = ("ours", "ours magnitude + true phase", "true magnitude + ours phase", "true magnitude + random phase",
@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from codec.audio import load_audio
-    from rvqlm.metrics import METRICS, align, estimate_lag, mean_scores, score
-    from rvqlm.roundtrips import mono_codec_and_files
+    from rvqlm.quality.metrics import METRICS, align, estimate_lag, mean_scores, score
+    from rvqlm.quality.roundtrips import mono_codec_and_files
 
     t0 = time.perf_counter()
     codec, files = mono_codec_and_files(args.codec, args.corpus, args.split, args.max_files, "codec_phase.py")

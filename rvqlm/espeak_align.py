@@ -9,7 +9,7 @@ of a piecewise-linear map from time to the UTF-8 byte of the text being spoken::
 A word's phonemes share its bytes evenly from their start times; the bytes after a word (space,
 punctuation) are crossed during whatever follows its last phoneme (a pause, or the next word's
 first phoneme). The library speaks the samples the `espeak-ng --stdout` program writes (the
-program then adds trailing silence), so the anchors hold for `rvqlm.synthetic` files.
+program then adds trailing silence), so the anchors hold for `rvqlm.corpora.synthetic` files.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ need=()
 pkgs=(fillets-ng-data-cs fillets-ng-data alsa-utils ffmpeg chromium chromium-driver codec2 espeak-ng)
 # --bench: opusenc/opusdec too (the quality benchmark uses ffmpeg's libopus; opus-tools for checks).
 [ "${1:-}" = "--bench" ] && pkgs+=(opus-tools)
-# --voices: the voices corpus (rvqlm/voices.py): other speakers and languages for the codec
+# --voices: the voices corpus (rvqlm/corpora/voices.py): other speakers and languages for the codec
 # (asterisk prompts, hedgewars voice packs).
 [ "${1:-}" = "--voices" ] && pkgs+=(asterisk-core-sounds-fr-g722 asterisk-core-sounds-it-g722 \
   asterisk-core-sounds-ru-g722 asterisk-core-sounds-en-g722 asterisk-core-sounds-es-g722 hedgewars-data)

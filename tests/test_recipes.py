@@ -54,9 +54,9 @@ def _print_config(command: str, recipes: list[str], capsys) -> dict:
 @pytest.fixture(scope="module")
 def shipped_tokens_dir() -> str:
     """data/tokens/<corpus>-<token fingerprint[:12]>: where `make demo` tokenizes the corpus with the
-    shipped codec (rvqlm/demo.py)."""
+    shipped codec (rvqlm/demo/pipeline.py)."""
     from codec import Codec
-    from rvqlm.demo import SHIPPED_CODEC, DemoSettings
+    from rvqlm.demo.pipeline import SHIPPED_CODEC, DemoSettings
 
     corpus = DemoSettings().corpus_dir.relative_to(REPO)
     return str(Path("data") / "tokens" / f"{corpus.name}-{Codec.from_pretrained(SHIPPED_CODEC).token_fingerprint()[:12]}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from codec.audio import load_audio
-from rvqlm.report import ReportClip, ReportSection, write_clip, write_report
+from rvqlm.demo.report import ReportClip, ReportSection, write_clip, write_report
 
 
 def _chromium_driver():

@@ -1,4 +1,4 @@
-"""rvqlm/synthetic.py: the built-in corpus plus its train and valid lines in espeak-ng voices."""
+"""rvqlm/corpora/synthetic.py: the built-in corpus plus its train and valid lines in espeak-ng voices."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 
 from codec.audio import audio_info, load_audio
 from codec.pitch import yin
-from rvqlm.corpus import SPLITS, CorpusError, corpus_subset
+from rvqlm.corpora.fillets import SPLITS, CorpusError, corpus_subset
 from rvqlm.espeak_align import Event, Speaker, alignment, anchors
-from rvqlm.synthetic import PEAK, VOICES, espeak, prepare_synthetic, synthetic_relpath
+from rvqlm.corpora.synthetic import PEAK, VOICES, espeak, prepare_synthetic, synthetic_relpath
 
 TWO = ("synth-m1", "synth-f2")
 
@@ -72,8 +72,8 @@ def test_the_voices_differ_and_are_scaled_to_the_peak():
 
 def test_a_rerun_resynthesizes_nothing_and_other_settings_are_refused(small, monkeypatch):
     source, out = small
-    monkeypatch.setattr("rvqlm.synthetic.espeak", lambda *a: pytest.fail("re-synthesized"))
-    monkeypatch.setattr("rvqlm.synthetic.alignment", lambda *a: pytest.fail("re-aligned"))
+    monkeypatch.setattr("rvqlm.corpora.synthetic.espeak", lambda *a: pytest.fail("re-synthesized"))
+    monkeypatch.setattr("rvqlm.corpora.synthetic.alignment", lambda *a: pytest.fail("re-aligned"))
     assert prepare_synthetic(out, source, voices=TWO, progress=False) == out
     with pytest.raises(CorpusError, match="prepared with"):
         prepare_synthetic(out, source, voices=("synth-m1",), progress=False)

@@ -1,5 +1,5 @@
 """Transcripts as an N_c = 1 token folder of UTF-8 bytes (`rvqlm corpus text-tokens`,
-rvqlm/text_tokens.py), and the speech LM's recipe training on it (recipes/lm_text_bytes.yaml):
+rvqlm/corpora/text_tokens.py), and the speech LM's recipe training on it (recipes/lm_text_bytes.yaml):
 the LM is token-generic."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from rvqlm.cli import main
-from rvqlm.text_tokens import TEXT_FINGERPRINT, text_to_tokens, tokens_to_text
+from rvqlm.corpora.text_tokens import TEXT_FINGERPRINT, text_to_tokens, tokens_to_text
 from rvqlm_core.token_shards import TokenShards
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """`rvqlm corpus prepare`: decode and split the built-in speech corpus; `rvqlm corpus text-tokens`: its
-transcripts as an N_c = 1 byte token folder (rvqlm/text_tokens.py)."""
+transcripts as an N_c = 1 byte token folder (rvqlm/corpora/text_tokens.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "into data/voices-16k")
     prep.add_argument("--synthetic", action="store_true",
                       help="also prepare the built-in corpus plus its train and valid lines spoken by six espeak-ng "
-                           "voices (rvqlm/synthetic.py; volume for a conditioned LM, never for measuring quality) "
+                           "voices (rvqlm/corpora/synthetic.py; volume for a conditioned LM, never for measuring quality) "
                            "into data/fillets-synth-cs-16k")
     prep.add_argument("--out", default=None, help="output folder (default data/fillets-cs-16k, data/voices-16k or "
                                                   "data/fillets-synth-cs-16k)")
@@ -37,15 +37,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_prepare(args: argparse.Namespace) -> int:
     import json
 
-    from rvqlm.corpus import DEFAULT_CORPUS_DIR, prepare_corpus
-    from rvqlm.voices import DEFAULT_VOICES_DIR, prepare_voices
+    from rvqlm.corpora.fillets import DEFAULT_CORPUS_DIR, prepare_corpus
+    from rvqlm.corpora.voices import DEFAULT_VOICES_DIR, prepare_voices
 
     if args.voices and args.synthetic:
         raise ValueError("--voices and --synthetic prepare different corpora: give one")
     if args.voices:
         out = prepare_voices(args.out or DEFAULT_VOICES_DIR, args.sample_rate, max_files_per_split=args.max_files_per_split)
     elif args.synthetic:
-        from rvqlm.synthetic import DEFAULT_SYNTHETIC_DIR, prepare_synthetic
+        from rvqlm.corpora.synthetic import DEFAULT_SYNTHETIC_DIR, prepare_synthetic
 
         source = prepare_corpus(DEFAULT_CORPUS_DIR, args.sample_rate, max_files_per_split=args.max_files_per_split,
                                 log=print)
@@ -61,8 +61,8 @@ def run_prepare(args: argparse.Namespace) -> int:
 def run_text_tokens(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rvqlm.corpus import DEFAULT_CORPUS_DIR
-    from rvqlm.text_tokens import write_text_tokens
+    from rvqlm.corpora.fillets import DEFAULT_CORPUS_DIR
+    from rvqlm.corpora.text_tokens import write_text_tokens
 
     corpus = Path(args.corpus or DEFAULT_CORPUS_DIR)
     out = Path(args.out or Path("data") / "tokens" / f"{corpus.name}-text-bytes")

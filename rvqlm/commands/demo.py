@@ -1,4 +1,4 @@
-"""`rvqlm demo`: the whole pipeline on the built-in corpus (see rvqlm/demo.py)."""
+"""`rvqlm demo`: the whole pipeline on the built-in corpus (see rvqlm/demo/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rvqlm.demo import DemoSettings, run_demo
+    from rvqlm.demo.pipeline import DemoSettings, run_demo
 
     if args.lm_minutes < 0 or args.prompts < 1 or args.prompt_seconds <= 0 or args.seconds <= 0:
         raise ValueError("--prompts, --prompt-seconds and --seconds must be positive, --lm-minutes >= 0")

@@ -17,7 +17,7 @@ Writes are atomic and the job is resumable: files already converted are skipped,
 `metadata.jsonl` follows Hugging Face's `audiofolder` convention, one per split folder (where
 `datasets` looks for it when a folder has split sub-folders), one row per file, `file_name`
 relative to the split folder: `{"file_name": "airplane/let-m-divna.wav", "text": <Czech>,
-"text_en": <English>, "speaker": "font_small"}`, from the game's dialog scripts (`rvqlm.dialogs`,
+"text_en": <English>, "speaker": "font_small"}`, from the game's dialog scripts (`rvqlm.corpora.dialogs`,
 Debian's `fillets-ng-data`). A file without a line with Czech text has `file_name` alone (so
 audiofolder keeps it); `speaker` is absent when the script names no font. It is rebuilt from
 corpus.json on every `prepare_corpus` without decoding audio, so a corpus prepared before it
@@ -37,7 +37,7 @@ import torch
 from tqdm import tqdm
 
 from codec.audio import AudioError, load_audio, save_audio
-from rvqlm.dialogs import FILLETS_SCRIPT_DIR, level_dialogs
+from rvqlm.corpora.dialogs import FILLETS_SCRIPT_DIR, level_dialogs
 from rvqlm_core.atomic import atomic_write_json, atomic_write_text
 
 FILLETS_SOUND_DIR = Path(os.environ.get("RVQLM_FILLETS_DIR", "/usr/share/games/fillets-ng/sound"))

@@ -30,7 +30,7 @@ import torchaudio
 
 from codec.audio import AudioError, load_audio
 from rvqlm.espeak_align import alignment
-from rvqlm.corpus import DEFAULT_CORPUS_DIR, METADATA, SPLITS, CorpusError, CorpusFile, _read_meta, _write_if_changed, \
+from rvqlm.corpora.fillets import DEFAULT_CORPUS_DIR, METADATA, SPLITS, CorpusError, CorpusFile, _read_meta, _write_if_changed, \
     write_corpus
 
 DEFAULT_SYNTHETIC_DIR = Path("data/fillets-synth-cs-16k")

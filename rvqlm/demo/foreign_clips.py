@@ -1,6 +1,6 @@
 """The demo's foreign-speaker clips: held-out lines of speakers the codec never trained on.
 
-They come from the voices corpus's test split (rvqlm/voices.py: ru-RU Ivrvoice, en-US and es-MX
+They come from the voices corpus's test split (rvqlm/corpora/voices.py: ru-RU Ivrvoice, en-US and es-MX
 Allison; `make voices`). Each clip is one row of the page: the original, ours at N_c = 4 and
 N_c = 8 (2 and 4 kbps for the shipped codec) and Opus at 6 kbps, each decoded clip aligned to the
 original and scored against it (STOI, wideband PESQ) and alone (DNSMOS OVRL; the original's own
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rvqlm.metrics import align, dnsmos, estimate_lag, have_package, score
-from rvqlm.report import ReportClip, write_clip
-from rvqlm.roundtrips import OPUS_FLOOR_KBPS, SAMPLE_RATE, Roundtrip, opus_roundtrip, ours_roundtrip
+from rvqlm.quality.metrics import align, dnsmos, estimate_lag, have_package, score
+from rvqlm.demo.report import ReportClip, write_clip
+from rvqlm.quality.roundtrips import OPUS_FLOOR_KBPS, SAMPLE_RATE, Roundtrip, opus_roundtrip, ours_roundtrip
 
 TITLE = "Foreign speakers"
 TABLE = "Foreign speakers (voices corpus, test split)"
@@ -61,7 +61,7 @@ def pick_foreign_clips(voices_dir: str | Path, n: int, min_seconds: float = MIN_
     each speaker's (sorted by name) first such file in sorted order, then each one's second, and so
     on, so that n >= the number of speakers shows every speaker. CorpusError if none fits."""
     from codec.audio import audio_info
-    from rvqlm.corpus import CorpusError, corpus_files
+    from rvqlm.corpora.fillets import CorpusError, corpus_files
 
     voices_dir = Path(voices_dir)
     by_speaker: dict[str, list[Path]] = {}

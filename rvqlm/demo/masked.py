@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from rvqlm.report import ReportClip, write_clip
+from rvqlm.demo.report import ReportClip, write_clip
 
 TITLE = "Masked LM continuations"
 TABLE = "Masked LM continuations (iterative parallel decoding)"

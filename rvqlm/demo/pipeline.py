@@ -2,15 +2,15 @@
 
 Its stages, each a function a user can also call:
 
-1. `prepare_corpus` (rvqlm/corpus.py): the built-in corpus (Czech speech, split by level);
+1. `prepare_corpus` (rvqlm/corpora/fillets.py): the built-in corpus (Czech speech, split by level);
 2. `load_codec`, `reconstruct`: held-out test lines through the shipped codec at several bitrates,
-   and `foreign_speaker_clips` (rvqlm/foreign_clips.py): lines of speakers it never trained on
+   and `foreign_speaker_clips` (rvqlm/demo/foreign_clips.py): lines of speakers it never trained on
    (the voices corpus's test split, when `make voices` has prepared it) against Opus 6 kbps;
 3. `tokenize_corpus`: the corpus as codec tokens (resumable: a second run reuses them);
 4. `demo_lm`: the shipped LM fine-tuned for a few minutes (or a small LM trained when it does not
    fit the codec, or the shipped LM as it is), held-out NLL on the valid split;
 5. `continue_prompts`: held-out prompts continued by the LM, decoded by the codec, and
-   `say_it_clips` (rvqlm/say_it.py): held-out lines said in both fish voices by the text- and
+   `say_it_clips` (rvqlm/demo/say_it.py): held-out lines said in both fish voices by the text- and
    speaker-conditioned LM, when one fits the codec;
 6. `write_demo_report`: everything in `samples/` with a listening report (`samples/index.html`)
    and its tables in `metrics.json`.
@@ -27,19 +27,19 @@ from pathlib import Path
 
 import torch
 
-from rvqlm.foreign_clips import TABLE as FOREIGN_TABLE
-from rvqlm.foreign_clips import TITLE as FOREIGN_TITLE
-from rvqlm.foreign_clips import ForeignClips, foreign_speaker_clips
-from rvqlm.report import ReportClip, write_clip
-from rvqlm.masked_demo import TABLE as MASKED_TABLE
-from rvqlm.masked_demo import TITLE as MASKED_TITLE
-from rvqlm.masked_demo import MaskedSection, masked_continuations
-from rvqlm.say_it import TABLE as SAY_IT_TABLE
-from rvqlm.say_it import TITLE as SAY_IT_TITLE
-from rvqlm.say_it import SayIt, say_it_clips
-from rvqlm.voices import DEFAULT_VOICES_DIR
+from rvqlm.demo.foreign_clips import TABLE as FOREIGN_TABLE
+from rvqlm.demo.foreign_clips import TITLE as FOREIGN_TITLE
+from rvqlm.demo.foreign_clips import ForeignClips, foreign_speaker_clips
+from rvqlm.demo.report import ReportClip, write_clip
+from rvqlm.demo.masked import TABLE as MASKED_TABLE
+from rvqlm.demo.masked import TITLE as MASKED_TITLE
+from rvqlm.demo.masked import MaskedSection, masked_continuations
+from rvqlm.demo.say_it import TABLE as SAY_IT_TABLE
+from rvqlm.demo.say_it import TITLE as SAY_IT_TITLE
+from rvqlm.demo.say_it import SayIt, say_it_clips
+from rvqlm.corpora.voices import DEFAULT_VOICES_DIR
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED_CODEC = REPO / "models" / "codec-speech-16k"
 SHIPPED_LM = REPO / "models" / "lm-speech-16k"
 SHIPPED_CONDITIONED_LM = REPO / "models" / "lm-speech-conditioned-16k"
@@ -99,7 +99,7 @@ class Narrator:
 def run_demo(s: DemoSettings = DemoSettings()) -> Path:
     """Run every stage; returns the path of the listening report."""
     from lm.training import held_out_report
-    from rvqlm.corpus import corpus_files, corpus_subset, prepare_corpus
+    from rvqlm.corpora.fillets import corpus_files, corpus_subset, prepare_corpus
 
     say = Narrator()
     torch.manual_seed(s.seed)
@@ -299,7 +299,7 @@ def write_demo_report(s: DemoSettings, codec, init: Path | None, recon: Samples,
                       continuations: Samples, said: SayIt, held_out: dict, minutes: float,
                       masked: MaskedSection | None = None) -> Path:
     """`index.html` (notes, tables, clips) and `metrics.json` (the tables) in `s.samples_dir`."""
-    from rvqlm.report import ReportSection, write_report
+    from rvqlm.demo.report import ReportSection, write_report
     from rvqlm_core.atomic import atomic_write_text
 
     out = Path(s.samples_dir)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from rvqlm.report import ReportClip, write_clip
+from rvqlm.demo.report import ReportClip, write_clip
 
 TITLE = "Say it"
 TABLE = "Say it (held-out lines, conditioned LM)"
