@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from codec.audio import load_audio
     from codec.data import evenly_spaced
     from codec.losses import mel_distance
-    from rvqlm.corpora.fillets import corpus_files
+    from rvqlm.corpora.folder import corpus_files
 
     t0 = time.perf_counter()
     codec = Codec.from_pretrained(args.codec).eval()

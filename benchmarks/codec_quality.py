@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from codec import Codec
-    from rvqlm.corpora.fillets import corpus_files
+    from rvqlm.corpora.folder import corpus_files
 
     t0 = time.perf_counter()
     codec = Codec.from_pretrained(args.codec).eval()

@@ -35,7 +35,7 @@ def corpus_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def speech_files(corpus_dir) -> dict[str, list[Path]]:
-    from rvqlm.corpora.fillets import SPLITS, corpus_files
+    from rvqlm.corpora.folder import SPLITS, corpus_files
 
     return {s: corpus_files(corpus_dir, s) for s in SPLITS}
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rvqlm.corpora.fillets import (FILLETS_SCRIPT_DIR, SPLITS, corpus_subset, list_source_files, prepare_corpus,
-                          split_of_level, write_corpus_metadata)
+from rvqlm.corpora.fillets import FILLETS_SCRIPT_DIR, list_source_files, prepare_corpus, split_of_level, \
+    write_corpus_metadata
+from rvqlm.corpora.folder import SPLITS, corpus_subset
 from rvqlm.corpora.dialogs import Dialog, DialogError, parse_dialogs
 
 
@@ -132,8 +133,8 @@ def test_a_prepared_corpus_gains_metadata_without_decoding_audio(tmp_path, monke
     def no_audio(*args, **kwargs):
         raise AssertionError("audio was decoded or written")
 
-    monkeypatch.setattr("rvqlm.corpora.fillets.load_audio", no_audio)
-    monkeypatch.setattr("rvqlm.corpora.fillets.save_audio", no_audio)
+    monkeypatch.setattr("rvqlm.corpora.folder.load_audio", no_audio)
+    monkeypatch.setattr("rvqlm.corpora.folder.save_audio", no_audio)
     prepare_corpus(out, 16000, max_files_per_split=2, progress=False)
     rows = {split: [json.loads(line) for line in (out / split / "metadata.jsonl").read_text("utf-8").splitlines()]
             for split in SPLITS}

@@ -35,7 +35,7 @@ SYSTEMS = ["original", "ours N_c=4", "ours N_c=8", "Opus 6 kbps"]
 def fake_voices(speech_files, tmp_path_factory):
     """A prepared voices corpus (rvqlm.corpora.fillets.write_corpus, as `make voices` writes it) of FAKE_VOICES:
     two test speakers with lines too short, too long and 3-8 s, and a training speaker."""
-    from rvqlm.corpora.fillets import CorpusFile, write_corpus
+    from rvqlm.corpora.folder import CorpusFile, write_corpus
 
     root = tmp_path_factory.mktemp("voices")
     speech, files, start = torch.cat([load_audio(f, 16000, 1) for f in speech_files["test"][:40]], dim=1), [], 0
@@ -166,7 +166,7 @@ def test_demo_shows_foreign_speaker_clips_with_their_scores(demo, fake_voices):
 
 
 def test_pick_foreign_clips_takes_each_speaker_in_turn_and_only_3_to_8_s(fake_voices):
-    from rvqlm.corpora.fillets import CorpusError
+    from rvqlm.corpora.folder import CorpusError
 
     def picked(n, **kw):
         return [f.relative_to(fake_voices).as_posix() for f in pick_foreign_clips(fake_voices, n, **kw)]
@@ -259,7 +259,7 @@ def test_demo_fine_tunes_the_shipped_lm_for_its_time_budget(demo, corpus_dir, tm
 
 
 def test_corpus_subset_links_the_first_files_of_each_split_and_refuses_another(corpus_dir, tmp_path):
-    from rvqlm.corpora.fillets import CorpusError, corpus_files, corpus_subset
+    from rvqlm.corpora.folder import CorpusError, corpus_files, corpus_subset
 
     sub = corpus_subset(corpus_dir, tmp_path / "sub", 2)
     for split in ("train", "valid", "test"):

@@ -10,7 +10,7 @@ import torch
 
 from codec.audio import audio_info, load_audio
 from codec.pitch import yin
-from rvqlm.corpora.fillets import SPLITS, CorpusError, corpus_subset
+from rvqlm.corpora.folder import SPLITS, CorpusError, corpus_subset
 from rvqlm.espeak_align import Event, Speaker, alignment, anchors
 from rvqlm.corpora.synthetic import PEAK, VOICES, espeak, prepare_synthetic, synthetic_relpath
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from rvqlm.corpora.fillets import CorpusError, corpus_files
+from rvqlm.corpora.folder import CorpusError, corpus_files
 from rvqlm.corpora.voices import (HEDGEWARS_PACKAGE, PACK_PREFIX, SPEAKERS, VOICE_PACKS, is_speech_taunt, list_pack_files,
                           list_voice_files, prepare_voices, split_of_voice)
 

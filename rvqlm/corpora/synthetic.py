@@ -30,8 +30,9 @@ import torchaudio
 
 from codec.audio import AudioError, load_audio
 from rvqlm.espeak_align import alignment
-from rvqlm.corpora.fillets import DEFAULT_CORPUS_DIR, METADATA, SPLITS, CorpusError, CorpusFile, _read_meta, _write_if_changed, \
-    write_corpus
+from rvqlm.corpora.fillets import DEFAULT_CORPUS_DIR
+from rvqlm.corpora.folder import METADATA, SPLITS, CorpusError, CorpusFile, read_corpus_json, write_corpus, \
+    write_if_changed
 
 DEFAULT_SYNTHETIC_DIR = Path("data/fillets-synth-cs-16k")
 SYNTHETIC_VERSION = 1
@@ -78,7 +79,7 @@ def prepare_synthetic(out_dir: str | os.PathLike = DEFAULT_SYNTHETIC_DIR, corpus
     """Write the corpus of the module docstring from a prepared built-in corpus (with its
     metadata.jsonl) into `out_dir`; resumable, and a folder made from other settings is refused."""
     corpus, out = Path(corpus_dir), Path(out_dir)
-    meta = _read_meta(corpus)
+    meta = read_corpus_json(corpus)
     rows = {split: _rows(corpus, split) for split in SPLITS}
     if not any(r.get("text") for split in ("train", "valid") for r in rows[split]):
         raise CorpusError(f"{corpus} has no transcripts (metadata.jsonl with text); run `rvqlm corpus prepare` with "
@@ -124,5 +125,5 @@ def prepare_synthetic(out_dir: str | os.PathLike = DEFAULT_SYNTHETIC_DIR, corpus
         lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in out_rows[split]
                  if f"{split}/{r['file_name']}" in kept]
         if lines:
-            _write_if_changed(out / split / METADATA, "".join(lines))
+            write_if_changed(out / split / METADATA, "".join(lines))
     return out

@@ -61,7 +61,7 @@ def pick_foreign_clips(voices_dir: str | Path, n: int, min_seconds: float = MIN_
     each speaker's (sorted by name) first such file in sorted order, then each one's second, and so
     on, so that n >= the number of speakers shows every speaker. CorpusError if none fits."""
     from codec.audio import audio_info
-    from rvqlm.corpora.fillets import CorpusError, corpus_files
+    from rvqlm.corpora.folder import CorpusError, corpus_files
 
     voices_dir = Path(voices_dir)
     by_speaker: dict[str, list[Path]] = {}

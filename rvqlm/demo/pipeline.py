@@ -99,7 +99,8 @@ class Narrator:
 def run_demo(s: DemoSettings = DemoSettings()) -> Path:
     """Run every stage; returns the path of the listening report."""
     from lm.training import held_out_report
-    from rvqlm.corpora.fillets import corpus_files, corpus_subset, prepare_corpus
+    from rvqlm.corpora.fillets import prepare_corpus
+    from rvqlm.corpora.folder import corpus_files, corpus_subset
 
     say = Narrator()
     torch.manual_seed(s.seed)
