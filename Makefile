@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 RVQLM  := $(VENV)/bin/rvqlm
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps corpus voices demo test test-slow bench-setup clean
+.PHONY: setup system-deps corpus voices demo test bench-setup clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,10 +32,7 @@ demo: setup
 	$(RVQLM) demo
 
 test: setup
-	$(PY) -m pytest -q -m "not slow"
-
-test-slow: setup
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q
 
 # Benchmarks (not run in CI): quality against Opus/codec2 needs PESQ/STOI and the reference codecs.
 bench-setup: setup

@@ -38,11 +38,6 @@ def text_to_tokens(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-8") + LINE_END, dtype=np.uint8).reshape(-1, 1).copy()
 
 
-def tokens_to_text(tokens: np.ndarray) -> str:
-    """Tokens [n, 1] or [n] of bytes -> text (invalid UTF-8, e.g. from a sampled LM, shown as U+FFFD)."""
-    return bytes(np.asarray(tokens, dtype=np.uint8).reshape(-1).tolist()).decode("utf-8", errors="replace")
-
-
 @dataclass
 class TextTokenSummary:
     """files: audio files found; written: files with tokens; bytes: tokens written; errors:
