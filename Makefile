@@ -21,12 +21,12 @@ system-deps:
 	@bash scripts/system_deps.sh
 
 corpus: setup
-	$(RVQLM) corpus prepare
+	$(RVQLM) corpus prepare fillets
 
 # The voices corpus (other speakers and languages; Debian's asterisk-core-sounds-*-g722).
 voices: setup
 	@bash scripts/system_deps.sh --voices
-	$(RVQLM) corpus prepare --voices
+	$(RVQLM) corpus prepare voices
 
 demo: setup
 	$(RVQLM) demo

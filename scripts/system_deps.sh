@@ -2,7 +2,7 @@
 # Installs the Debian packages rvqlm's corpus, tests and benchmarks need, only if missing:
 # the built-in corpus (fillets-ng-data-cs, and fillets-ng-data for its dialog transcripts), wav prompts (alsa-utils), ffmpeg (reference codecs),
 # chromium + chromium-driver (the listening-report test opens the page in a real browser), espeak-ng (the
-# synthetic voices of `rvqlm corpus prepare --synthetic`).
+# synthetic voices of `rvqlm corpus prepare synthetic`).
 set -euo pipefail
 need=()
 pkgs=(fillets-ng-data-cs fillets-ng-data alsa-utils ffmpeg chromium chromium-driver codec2 espeak-ng)

@@ -124,7 +124,7 @@ def test_a_prepared_corpus_gains_metadata_without_decoding_audio(tmp_path, monke
     from rvqlm.cli import main as cli_main
 
     out = tmp_path / "corpus"
-    assert cli_main(["corpus", "prepare", "--out", str(out), "--max-files-per-split", "2"]) == 0
+    assert cli_main(["corpus", "prepare", "fillets", "--out", str(out), "--max-files-per-split", "2"]) == 0
     assert "files have their line" in capsys.readouterr().out
     for split in SPLITS:
         (out / split / "metadata.jsonl").unlink()  # as a corpus prepared before metadata existed

@@ -278,7 +278,7 @@ def test_without_a_conditioned_lm_the_say_it_section_is_one_line_saying_how_to_g
     samples, work = demo
     page = (samples / "index.html").read_text()
     hint = (f"“Say it” left out: no conditioned LM at {work.parent / 'no-conditioned-lm'}; tokenize the folder of "
-            "`rvqlm corpus prepare --synthetic` with this codec, train one with `rvqlm train-lm --config "
+            "`rvqlm corpus prepare synthetic` with this codec, train one with `rvqlm train-lm --config "
             "recipes/lm_speech.yaml --config recipes/lm_speech_conditioned.yaml` and give its pretrained/ folder "
             "with --conditioned-lm.")
     assert f"<h2>Say it</h2><p>{html.escape(hint)}</p>" in page

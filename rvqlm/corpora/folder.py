@@ -121,7 +121,7 @@ def corpus_files(corpus_dir: str | os.PathLike, split: str) -> list[Path]:
 def read_corpus_json(corpus_dir: Path) -> dict:
     meta_path = corpus_dir / "corpus.json"
     if not meta_path.exists():
-        raise CorpusError(f"{corpus_dir} is not a prepared corpus (no corpus.json); run `rvqlm corpus prepare`")
+        raise CorpusError(f"{corpus_dir} is not a prepared corpus (no corpus.json); run `rvqlm corpus prepare fillets`")
     return json.loads(meta_path.read_text())
 
 

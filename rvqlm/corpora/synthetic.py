@@ -76,7 +76,7 @@ def prepare_synthetic(out_dir: str | os.PathLike = DEFAULT_SYNTHETIC_DIR, corpus
     meta = read_corpus_json(corpus)
     rows = {split: _rows(corpus, split) for split in SPLITS}
     if not any(r.get("text") for split in ("train", "valid") for r in rows[split]):
-        raise CorpusError(f"{corpus} has no transcripts (metadata.jsonl with text); run `rvqlm corpus prepare` with "
+        raise CorpusError(f"{corpus} has no transcripts (metadata.jsonl with text); run `rvqlm corpus prepare fillets` with "
                           "Debian's fillets-ng-data installed")
     unknown = sorted(set(voices) - set(VOICES))
     if unknown:

@@ -42,7 +42,7 @@ class SayIt:
 def conditioned_lm_hint(lm_dir: str | Path, codec) -> str | None:
     """None when `lm_dir` holds a conditioned LM of `codec`'s tokens that knows both VOICES, else the
     one line saying why the section is left out and how to get the LM."""
-    how = (f"tokenize the folder of `rvqlm corpus prepare --synthetic` with this codec, train one with `{RECIPE}` "
+    how = (f"tokenize the folder of `rvqlm corpus prepare synthetic` with this codec, train one with `{RECIPE}` "
            "and give its pretrained/ folder with --conditioned-lm")
     config_path = Path(lm_dir) / "config.json"
     if not config_path.is_file():
