@@ -1,12 +1,13 @@
 # Two commands for a fresh clone:
-#   make demo   set up (.venv, system packages, built-in corpus) and run the main job
+#   make demo   set up (.venv, system packages, built-in corpus) and run the main job (report in runs/demo/)
 #   make test   set up and run the test suite
+# `make example-report` rewrites the committed example report in samples/ (on purpose only).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 RVQLM  := $(VENV)/bin/rvqlm
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps corpus voices demo test bench-setup clean
+.PHONY: setup system-deps corpus voices demo example-report test bench-setup clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -30,6 +31,9 @@ voices: setup
 
 demo: setup
 	$(RVQLM) demo
+
+example-report: setup
+	$(RVQLM) demo --samples samples
 
 test: setup
 	$(PY) -m pytest -q

@@ -9,6 +9,8 @@ import html
 import json
 import math
 import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -16,7 +18,7 @@ import torch
 
 from codec.audio import audio_info, load_audio, save_audio
 from rvqlm.cli import main
-from rvqlm.demo.pipeline import SHIPPED_CODEC
+from rvqlm.demo.pipeline import REPO, SHIPPED_CODEC, DemoSettings
 from rvqlm.demo.foreign_clips import TABLE as FOREIGN_TABLE
 from rvqlm.demo.foreign_clips import foreign_speaker_clips, pick_foreign_clips
 from rvqlm.demo.say_it import TABLE as SAY_IT_TABLE
@@ -218,6 +220,20 @@ def test_demo_refuses_to_skip_training_when_the_shipped_lm_does_not_fit(tmp_path
     assert code == 2
     assert "is not an LM trained on this codec's tokens" in capsys.readouterr().err
     assert not list((tmp_path / "work").glob("tokens-*"))  # refused before the slow stages
+
+
+def test_by_default_the_demo_writes_only_where_git_ignores():
+    """`make demo` leaves `git status` clean: its report, work folder, corpus and tokens lie in folders
+    that .gitignore names; the committed example report (samples/) is not one of them."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    s = DemoSettings()
+    written = [s.samples_dir / "index.html", s.samples_dir / "audio" / "prompt1-original.wav", s.work_dir / "lm" / "x",
+               s.corpus_dir / "corpus.json", REPO / "data" / "tokens" / "fillets-cs-16k-0123456789ab" / "codec.json"]
+    example = REPO / "samples" / "index.html"
+    paths = [str(p.relative_to(REPO)) for p in written + [example]]
+    done = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO, capture_output=True, text=True)
+    assert done.stdout.split() == paths[:-1]
 
 
 @pytest.mark.parametrize("flag", [["--lm-minutes", "-1"], ["--corpus-files", "0"], ["--prompts", "0"],

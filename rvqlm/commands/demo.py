@@ -7,8 +7,10 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="corpus -> codec reconstructions -> tokens -> LM -> continuations -> samples/")
-    p.add_argument("--samples", type=Path, default=None, help="output folder (default samples/)")
+    p = sub.add_parser("demo", help="corpus -> codec reconstructions -> tokens -> LM -> continuations -> runs/demo/")
+    p.add_argument("--samples", type=Path, default=None,
+                   help="report folder (default runs/demo/, untracked; `--samples samples` regenerates the committed "
+                        "example report)")
     p.add_argument("--work-dir", type=Path, default=None, help="LM run and corpus subsets (default data/demo)")
     p.add_argument("--corpus", type=Path, default=None, help="prepared corpus folder (default data/fillets-cs-16k)")
     p.add_argument("--corpus-files", type=int, default=None,
