@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from rvqlm_core.atomic import atomic_path, atomic_write_json, atomic_write_text
+from rvqlm_core.folder_lock import LOCK_FILE
 from rvqlm_core.token_shards import (CODEC_JSON, COPY_BLOCK, DEFAULT_SHARD_FRAMES, ERRORS, INDEX, MANIFEST, PARTS_DIR,
                                      SHARD_DIR, SHARD_FILE, ShardEntry, TokenShardError, TokenShards, committed_state,
                                      entry_line, file_sha256, json_line, lines_sha256, make_codec_meta,
@@ -217,7 +218,7 @@ def check_token_folder(root: Path, meta: Mapping[str, Any]) -> bool:
                 f"{meta['fingerprint'][:16]} (N_c={meta['n_codebooks']}, |V|={meta['codebook_size']}). "
                 "Tokens of two codecs must never mix: use a new output folder.")
         return False
-    if root.is_dir() and any(not is_temporary(p) for p in root.iterdir()):
+    if root.is_dir() and any(not is_temporary(p) and p.name != LOCK_FILE for p in root.iterdir()):
         raise TokenShardError(f"{root} is not empty and is not a token folder; choose a new output folder")
     return True
 

@@ -1,0 +1,66 @@
+"""An output folder takes one writer at a time (rvqlm_core.folder_lock): a second holder is refused
+while the first holds the lock, admitted after, and a holder killed with SIGKILL leaves it free."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rvqlm_core.folder_lock import LOCK_FILE, FolderBusy, folder_lock
+
+REPO = Path(__file__).resolve().parents[1]
+HOLD = "import sys, time; from rvqlm_core.folder_lock import folder_lock\n" \
+       "with folder_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(float(sys.argv[2]))\n"
+
+
+def _holder(folder: Path, seconds: float) -> subprocess.Popen:
+    """Another process holding `folder`'s lock for `seconds`, started once it holds it."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), str(seconds)], cwd=REPO, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE)
+    assert proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_second_holder_is_refused_while_the_first_holds_and_admitted_after(tmp_path):
+    out = tmp_path / "tokens"
+    with folder_lock(out) as held:
+        assert held == out and (out / LOCK_FILE).is_file()
+        with pytest.raises(FolderBusy, match=f"^{out} is being written by another run \\(pid {os.getpid()} on "):
+            with folder_lock(out):
+                pytest.fail("two holders")
+    with folder_lock(out):
+        pass
+
+
+def test_a_holder_killed_with_sigkill_leaves_the_folder_free(tmp_path):
+    proc = _holder(tmp_path, 60)
+    try:
+        with pytest.raises(FolderBusy, match=f"pid {proc.pid} on"):
+            with folder_lock(tmp_path):
+                pass
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with folder_lock(tmp_path):
+        pass
+
+
+def test_wait_blocks_until_the_holder_ends(tmp_path):
+    proc = _holder(tmp_path, 1.0)
+    t0 = time.monotonic()
+    with folder_lock(tmp_path, wait=True):
+        assert time.monotonic() - t0 > 0.5  # the holder keeps it for 1 s after saying so
+    proc.wait()
+
+
+def test_a_file_is_not_a_folder(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        with folder_lock(tmp_path / "f"):
+            pass
