@@ -64,3 +64,28 @@ def test_a_file_is_not_a_folder(tmp_path):
     with pytest.raises(ValueError, match="is a file, not a folder"):
         with folder_lock(tmp_path / "f"):
             pass
+
+
+def test_a_folder_the_lock_made_goes_again_when_left_empty_and_others_stay(tmp_path):
+    with folder_lock(tmp_path / "refused"):
+        pass
+    with folder_lock(tmp_path / "written") as held:
+        (held / "codec.json").write_text("{}")
+    (tmp_path / "existing").mkdir()
+    with folder_lock(tmp_path / "existing"):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing", "written"]
+    assert (tmp_path / "existing" / LOCK_FILE).is_file()
+
+
+def test_a_waiter_whose_lock_file_was_removed_meanwhile_locks_the_new_one(tmp_path):
+    """The holder of a folder it created and left empty removes it while another run waits: the
+    waiter must not keep a lock on the deleted file, or a third run could hold the new one too."""
+    folder = tmp_path / "tokens"
+    proc = _holder(folder, 1.0)  # creates the folder, leaves it empty: removes it on exit
+    with folder_lock(folder, wait=True):
+        assert (folder / LOCK_FILE).is_file()
+        with pytest.raises(FolderBusy):
+            with folder_lock(folder):
+                pass
+    proc.wait()

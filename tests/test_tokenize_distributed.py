@@ -224,10 +224,10 @@ def test_a_launch_into_a_folder_another_run_is_writing_is_refused_on_every_rank(
     out = tmp_path / "tok"
     with folder_lock(out):
         done = _run(_torchrun(2, audio, out, codec_dir))
+        assert [p.name for p in out.iterdir()] == [LOCK_FILE]
     assert done.returncode != 0
     refusals = [line for line in done.stderr.splitlines() if line.startswith("rvqlm tokenize: error:")]
     assert len(refusals) == 2 and all(f"{out} is being written by another run" in r for r in refusals), done.stderr
-    assert [p.name for p in out.iterdir()] == [LOCK_FILE]
 
 
 # ---------------------------------------------------------------------------------------------
