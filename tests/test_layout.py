@@ -17,6 +17,7 @@ LAYERS = {
 }
 LIBRARIES = ("rvqlm_core", "codec", "lm", "rvqlm")
 MAX_FILE_LINES = 450
+APP_TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py"}  # the rest of rvqlm/ lives in rooms (subpackages)
 MAX_FUNCTION_LINES = 60
 
 
@@ -105,6 +106,11 @@ def oversized(root: Path) -> list[str]:
     return found
 
 
+def stray_app_modules(root: Path) -> list[str]:
+    """Modules at the top level of rvqlm/ other than its entry points."""
+    return sorted(f"rvqlm/{p.name}" for p in (root / "rvqlm").glob("*.py") if p.name not in APP_TOP_LEVEL)
+
+
 def test_imports_run_down_the_layers_only():
     assert upward_imports(import_graph(REPO)) == []
 
@@ -117,9 +123,13 @@ def test_files_and_functions_stay_small():
     assert oversized(REPO) == []
 
 
+def test_the_application_keeps_its_modules_in_rooms():
+    assert stray_app_modules(REPO) == []
+
+
 def test_the_checks_find_what_they_look_for(tmp_path):
-    """A planted upward import, a planted circle (one of them lazy, one relative) and a long
-    function are each reported: the checks above can fail."""
+    """A planted upward import, a planted circle (one of them lazy, one relative), a long function
+    and a module at rvqlm/'s top level are each reported: the checks above can fail."""
     files = {
         "rvqlm_core/__init__.py": "",
         "codec/__init__.py": "",
@@ -137,3 +147,4 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     assert upward_imports(graph) == ["codec.data imports rvqlm.corpus"]
     assert circles(graph) == ["lm.generate -> lm.model -> lm.generate"]
     assert oversized(tmp_path) == ["rvqlm/corpus.py:4 h(): 71 lines"]
+    assert stray_app_modules(tmp_path) == ["rvqlm/corpus.py"]
