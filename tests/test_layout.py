@@ -148,3 +148,9 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     assert circles(graph) == ["lm.generate -> lm.model -> lm.generate"]
     assert oversized(tmp_path) == ["rvqlm/corpus.py:4 h(): 71 lines"]
     assert stray_app_modules(tmp_path) == ["rvqlm/corpus.py"]
+
+
+def test_the_readme_stays_short():
+    """A newcomer reads the README whole: at most 160 lines (details go to docs/ and the model cards)."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 160, f"README.md has {lines} lines"
