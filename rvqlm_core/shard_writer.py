@@ -193,6 +193,13 @@ class ShardWriter:
             atomic_write_text(self.root / MANIFEST, "")
             atomic_write_text(self.root / INDEX, "")
 
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, error_type, *_) -> None:
+        """`close` after the block, `discard` when it raised."""
+        self.discard() if error_type is not None else self.close()
+
     def discard(self) -> None:
         """Drop pending (unsealed) rows, e.g. on an error; committed shards stay."""
         self._current = None
@@ -254,14 +261,9 @@ def write_token_corpus(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarr
     arrays: relative path -> tokens [frames, N_c]; written in the mapping's order. `seconds` of
     each entry is frames / frame_rate; `metadata` maps paths to their metadata. Returns the opened folder.
     """
-    writer = ShardWriter(out_dir, codec_meta, shard_frames=shard_frames)
-    try:
+    with ShardWriter(out_dir, codec_meta, shard_frames=shard_frames) as writer:
         for path, tokens in arrays.items():
             writer.add(path, tokens, seconds=len(tokens) / float(codec_meta["frame_rate"]),
                        metadata=(metadata or {}).get(path))
-        writer.close()
-    except BaseException:
-        writer.discard()
-        raise
     write_errors(out_dir, [])
     return TokenShards.open(out_dir)
