@@ -59,8 +59,7 @@ def _lock(path: Path, wait: bool) -> int:
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise FolderBusy(f"{path.parent} is being written by another run ({holder}); wait for it to end "
-                             "or pass --wait") from None
+            raise FolderBusy(f"{path.parent} is being written by another run ({holder}); let it end first") from None
         try:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 return fd

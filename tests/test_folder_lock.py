@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -89,3 +90,21 @@ def test_a_waiter_whose_lock_file_was_removed_meanwhile_locks_the_new_one(tmp_pa
             with folder_lock(folder):
                 pass
     proc.wait()
+
+
+def test_an_lm_run_into_a_run_folder_another_run_holds_is_refused_then_admitted(tmp_path, capsys):
+    """`rvqlm train-lm` holds its run folder for the fit (lm.run_lock): refused in one line while
+    another run holds it, before any checkpoint; admitted once it is free."""
+    from rvqlm.cli import main
+    from test_lm_data import make_token_corpus
+
+    make_token_corpus(tmp_path / "tokens")
+    run = tmp_path / "run"
+    args = ["train-lm", "--config", str(REPO / "recipes" / "lm_tiny.yaml"), "--data.tokens_dir", str(tmp_path / "tokens"),
+            "--trainer.default_root_dir", str(run), "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"]
+    with folder_lock(run):
+        assert main(args) == 2
+        assert capsys.readouterr().err.endswith(f"rvqlm train-lm: error: {run} is being written by another run "
+                                                f"(pid {os.getpid()} on {socket.gethostname()}); let it end first\n")
+        assert not (run / "checkpoints").exists() and not (run / "pretrained").exists()
+    assert main(args) == 0 and (run / "pretrained" / "config.json").is_file()

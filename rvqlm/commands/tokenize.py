@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "rows that name no audio file, or a file twice, are listed in errors.jsonl too. "
                     "Under torchrun (`torchrun --nproc-per-node P -m rvqlm tokenize ...`) each rank tokenizes "
                     "its share of the files and rank 0 merges them into the one folder (docs/distributed.md). "
-                    "OUT_DIR takes one run at a time: a second run into it is refused while the first runs.",
+                    "OUT_DIR takes one run at a time: a second run into it is refused while the first runs "
+                    "(or waits, with --wait).",
     )
     p.add_argument("audio_dir", metavar="AUDIO_DIR", help="folder of audio files (wav, flac, ogg, mp3, ...)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="token folder to create or resume")
