@@ -1,12 +1,13 @@
 # Two commands for a fresh clone:
-#   make demo   set up (.venv, system packages, built-in corpus) and run the main job
+#   make demo   set up (.venv, system packages, built-in corpus) and run the main job (report in runs/demo/)
 #   make test   set up and run the test suite
+# `make example-report` rewrites the committed example report in samples/ (on purpose only).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 RVQLM  := $(VENV)/bin/rvqlm
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps corpus voices demo test test-slow bench-setup clean
+.PHONY: setup system-deps corpus voices demo example-report test bench-setup clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,21 +22,21 @@ system-deps:
 	@bash scripts/system_deps.sh
 
 corpus: setup
-	$(RVQLM) corpus prepare
+	$(RVQLM) corpus prepare fillets
 
 # The voices corpus (other speakers and languages; Debian's asterisk-core-sounds-*-g722).
 voices: setup
 	@bash scripts/system_deps.sh --voices
-	$(RVQLM) corpus prepare --voices
+	$(RVQLM) corpus prepare voices
 
 demo: setup
 	$(RVQLM) demo
 
-test: setup
-	$(PY) -m pytest -q -m "not slow"
+example-report: setup
+	$(RVQLM) demo --samples samples
 
-test-slow: setup
-	$(PY) -m pytest -q -m slow
+test: setup
+	$(PY) -m pytest -q
 
 # Benchmarks (not run in CI): quality against Opus/codec2 needs PESQ/STOI and the reference codecs.
 bench-setup: setup

@@ -5,10 +5,10 @@
 
 Needs `make bench-setup` (librosa for pYIN; ffmpeg/libopus and codec2 for the reference rows).
 
-For each file (`rvqlm.roundtrips.pick_files`: `--max-files` files of `--split`, >= 1 s) the
+For each file (`rvqlm.quality.roundtrips.pick_files`: `--max-files` files of `--split`, >= 1 s) the
 script decodes it with our codec at each `--n-codebooks`, with Opus 6 kbps and with codec2 3200,
-aligns every output to the original, tracks F0 on both with pYIN (`rvqlm.metrics.pitch_track`:
-10 ms frames, 60-500 Hz) and pools over all files' frames (`rvqlm.metrics.pitch_agreement`):
+aligns every output to the original, tracks F0 on both with pYIN (`rvqlm.quality.metrics.pitch_track`:
+10 ms frames, 60-500 Hz) and pools over all files' frames (`rvqlm.quality.metrics.pitch_agreement`):
 
     median / p90 cents    |1200 log2(f0_decoded / f0_original)| on the frames voiced in both
     > 50 cents            the share of those frames off by more than a quarter tone
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from rvqlm.roundtrips import held_out_parser
+from rvqlm.quality.roundtrips import held_out_parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from codec.audio import load_audio
-    from rvqlm.metrics import align, estimate_lag, pitch_agreement, pitch_track, pool_pitch
-    from rvqlm.roundtrips import SAMPLE_RATE, codec2_roundtrip, mono_codec_and_files, opus_roundtrip, ours_roundtrip
+    from rvqlm.quality.metrics import align, estimate_lag, pitch_agreement, pitch_track, pool_pitch
+    from rvqlm.quality.roundtrips import SAMPLE_RATE, codec2_roundtrip, mono_codec_and_files, opus_roundtrip, ours_roundtrip
 
     t0 = time.perf_counter()
     codec, files = mono_codec_and_files(args.codec, args.corpus, args.split, args.max_files, "codec_pitch.py")

@@ -10,7 +10,7 @@ Data: `--max-files` files of any prepared corpus folder's `--split` (its corpus.
 spread evenly over its sorted file list, each at least `--min-seconds` long, read at 16 kHz mono.
 `--group-by-folder` adds the key columns per parent folder of the files (level, speaker, language).
 
-Systems (one table row each; rvqlm/roundtrips.py):
+Systems (one table row each; rvqlm/quality/roundtrips.py):
 * ours @ N_c = k for k = 1..max; kbps = `codec.bitrate_kbps(k)`, exactly the bits of the codes.
 * Opus (ffmpeg + libopus, voip, VBR, 20 ms frames) at 6 kbps, libopus's floor, and at every
   bitrate of ours from 6 kbps up. Measured kbps = the Opus packets' bytes * 8 / duration.
@@ -18,9 +18,9 @@ Systems (one table row each; rvqlm/roundtrips.py):
   kbps = the size of the bit file, whose frames are padded to whole bytes.
 * original: the reference files themselves, DNSMOS only (the no-reference columns' reference point).
 
-Every decoded file, ours included, is aligned to the reference (`rvqlm.metrics.estimate_lag`
+Every decoded file, ours included, is aligned to the reference (`rvqlm.quality.metrics.estimate_lag`
 within +-100 ms, then `align`); "lag ms" is the median shift of each row. Metrics are means over
-files (rvqlm/metrics.py): mel, SI-SDR, STOI and PESQ against the reference, DNSMOS SIG / BAK /
+files (rvqlm/quality/metrics.py): mel, SI-SDR, STOI and PESQ against the reference, DNSMOS SIG / BAK /
 OVRL / P.808 of the decoded file alone. The goal lines (issue 19): at N_c = 8 our codec is at least
 codec2 3200 on STOI, PESQ and DNSMOS OVRL, at N_c = 4 at least codec2 3200 on DNSMOS OVRL; and the
 distance from N_c = 4 to Opus 6 kbps (PESQ, STOI, OVRL).
@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 from rvqlm.cli import run_script
-from rvqlm.metrics import align, dnsmos, estimate_lag, mean_scores, score
-from rvqlm.roundtrips import (CODEC2_MODES, OPUS_FLOOR_KBPS, SAMPLE_RATE, codec2_roundtrip, opus_roundtrip,
+from rvqlm.quality.metrics import align, dnsmos, estimate_lag, mean_scores, score
+from rvqlm.quality.roundtrips import (CODEC2_MODES, OPUS_FLOOR_KBPS, SAMPLE_RATE, codec2_roundtrip, opus_roundtrip,
                               ours_roundtrip, pick_files)
 
 
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from codec import Codec
-    from rvqlm.corpus import corpus_files
+    from rvqlm.corpora.folder import corpus_files
 
     t0 = time.perf_counter()
     codec = Codec.from_pretrained(args.codec).eval()

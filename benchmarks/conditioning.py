@@ -20,7 +20,7 @@ text and speaker); --corpus: the audio folder it came from (the real recordings)
 2. Voice. Up to --max-files lines spoken by the two --voices (half each, evenly spread), each
    generated from its text alone (no audio prompt, plain sampling or --top-k / --top-p / --temperature,
    seeded) in each voice at every --cfg scale (the speaker's own scale: --speaker-cfg, lm.guidance)
-   and decoded by the codec; pYIN median F0 of each clip (rvqlm.metrics.pitch_track) against the
+   and decoded by the codec; pYIN median F0 of each clip (rvqlm.quality.metrics.pitch_track) against the
    median over that speaker's real recordings of the chosen lines, in semitones, and the distance
    between the two generated voices against the real one; how many clips are voiced (0.1 s of voiced
    frames: the clips a median is taken over) and their share of voiced frames, beside each speaker's
@@ -181,7 +181,7 @@ class Clip:
 def clip_scores(wav: np.ndarray, sample_rate: int) -> tuple[float, float, float]:
     """(median F0 in Hz over the voiced 10 ms frames, nan below 10; DNSMOS OVRL; voiced share of the
     frames) of a 16 kHz clip."""
-    from rvqlm.metrics import dnsmos, pitch_track
+    from rvqlm.quality.metrics import dnsmos, pitch_track
 
     if len(wav) < sample_rate // 10:
         return float("nan"), float("nan"), 0.0

@@ -27,7 +27,7 @@ Columns (means over prompts):
   last context-length window of frames when prompt + continuation is longer). Its own
   samples at temperature 1 should score about the held-out NLL; far lower means it settled into
   something very predictable (silence, loops).
-* rep share: `rvqlm.metrics.repetition(...).share` on codebook 0 with n-grams of `--ngram` frames
+* rep share: `rvqlm.quality.metrics.repetition(...).share` on codebook 0 with n-grams of `--ngram` frames
   (default 8 = 160 ms at 50 Hz): the share of the continuation's n-grams that copy an earlier one
   (prompt included). 0 for fresh material, 1 for a pure loop.
 * longest rep (s): the longest span of the continuation (codebook 0) that copies an earlier span.
@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from rvqlm.cli import run_script
-from rvqlm.metrics import repetition, silence_share
+from rvqlm.quality.metrics import repetition, silence_share
 
 
 @dataclass(frozen=True)

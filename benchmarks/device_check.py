@@ -165,7 +165,7 @@ def section_tokenize(tiny: bool, device: str) -> dict:
             codec_dir = Codec(CodecConfig()).save_pretrained(tmp / "codec")
         corpus = REPO / "data" / "fillets-cs-16k"  # the prepared built-in corpus, where it is
         if not tiny and (corpus / "corpus.json").is_file() and _has("soundfile"):
-            from rvqlm.corpus import corpus_files
+            from rvqlm.corpora.folder import corpus_files
 
             source, files = "corpus", min(400, len(corpus_files(corpus, "train")))
             _make_short(tmp / "audio", corpus, files)

@@ -154,7 +154,7 @@ def speed(ar, masked, prompts: torch.Tensor, new_frames: int, args, frame_rate: 
 
 def quality(ar, codec, codes: torch.Tensor, start: int, args) -> dict:
     """NLL under the AR LM, repetition and silence shares, DNSMOS OVRL of rows [B, N_c, T] after `start`."""
-    from rvqlm.metrics import dnsmos
+    from rvqlm.quality.metrics import dnsmos
 
     rows = list(codes)
     measured = measure(ar, codec, rows, start, args.ngram, args.silence_dbfs)

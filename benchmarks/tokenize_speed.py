@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _make_short(folder: Path, corpus: Path, n: int, split: str = "train") -> None:
-    from rvqlm.corpus import corpus_files
+    from rvqlm.corpora.folder import corpus_files
 
     files = corpus_files(corpus, split)[:n]
     if len(files) < n:
@@ -48,7 +48,7 @@ def _make_long(folder: Path, corpus: Path, hours: float, sample_rate: int) -> No
     import soundfile as sf
 
     from codec.audio import load_audio
-    from rvqlm.corpus import corpus_files
+    from rvqlm.corpora.folder import corpus_files
 
     files = corpus_files(corpus, "train") + corpus_files(corpus, "valid")
     need = int(hours * 3600 * sample_rate)
@@ -173,7 +173,7 @@ def main() -> None:
 
     from codec.config import CodecConfig
     from codec.model import Codec
-    from rvqlm.corpus import prepare_corpus
+    from rvqlm.corpora.fillets import prepare_corpus
 
     load_before = os.getloadavg()[0]
     corpus = prepare_corpus(args.corpus, 16000, progress=False)

@@ -419,6 +419,7 @@ class LMTrainingCLI(LightningCLI):
         for cb in cfg.trainer.callbacks or []:
             if cb.class_path.endswith("ModelCheckpoint") and cb.init_args.get("dirpath") is None:
                 cb.init_args.dirpath = str(Path(run_dir) / "checkpoints")
+        cfg.trainer.callbacks = [*(cfg.trainer.callbacks or []), Namespace(class_path="lm.run_lock.RunFolderLock")]
         if cfg.trainer.logger in (None, True):
             cfg.trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger",
                                            init_args=Namespace(save_dir=str(run_dir), name="logs"))

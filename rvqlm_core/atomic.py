@@ -14,6 +14,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+def check_file_destination(dest: str | os.PathLike) -> Path:
+    """`dest` as a Path, or ValueError in one line when it is an existing folder: a command that writes
+    a file checks its output before the work, not when the rename fails at the end."""
+    dest = Path(dest)
+    if dest.is_dir():
+        raise ValueError(f"{dest} is a folder; give the output a file name (e.g. {dest / 'NAME'})")
+    return dest
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
     """Yield a temporary path next to `dest`; on success it is renamed to `dest`, on error removed.

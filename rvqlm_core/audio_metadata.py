@@ -11,8 +11,8 @@ Two kinds of problems, never a silent drop:
   UTF-8, NaN, both a .csv and a .jsonl in one folder) raises `MetadataError`, one line naming the
   file and line;
 - a row that cannot be attached (it names a missing or non-audio file, a path outside its folder,
-  or a file another row names too) becomes an entry of `FolderMetadata.errors` ({"path", "reason"});
-  a file named twice gets no metadata.
+  or a file another row names too; its `text` or `speaker` is not a string) becomes an entry of
+  `FolderMetadata.errors` ({"path", "reason"}); a file named twice gets no metadata.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Collection, Iterator
 
 METADATA_NAMES = ("metadata.csv", "metadata.jsonl")
+STRINGS = ("text", "speaker")  # columns that, when present and not null, must be strings
 FILE_NAME = "file_name"
 
 
@@ -169,6 +170,8 @@ def read_folder_metadata(root: str | os.PathLike, audio_paths: Collection[str], 
             rel, problem = _resolve(base, row.file_name)
             if problem is None and rel not in audio:
                 problem = f"names {rel!r}, which is not an audio file under the folder"
+            problem = problem or next((f"{name!r} must be a string, got {row.columns[name]!r}" for name in STRINGS
+                                       if not isinstance(row.columns.get(name, ""), (str, type(None)))), None)
             if problem is not None:
                 out.errors.append({"path": rel or rel_meta, "reason": f"{where}: {problem}", "kind": "metadata"})
                 continue

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from rvqlm_core.atomic import atomic_path, atomic_write_json, atomic_write_text
+from rvqlm_core.folder_lock import LOCK_FILE
 from rvqlm_core.token_shards import (CODEC_JSON, COPY_BLOCK, DEFAULT_SHARD_FRAMES, ERRORS, INDEX, MANIFEST, PARTS_DIR,
                                      SHARD_DIR, SHARD_FILE, ShardEntry, TokenShardError, TokenShards, committed_state,
                                      entry_line, file_sha256, json_line, lines_sha256, make_codec_meta,
@@ -192,6 +193,13 @@ class ShardWriter:
             atomic_write_text(self.root / MANIFEST, "")
             atomic_write_text(self.root / INDEX, "")
 
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, error_type, *_) -> None:
+        """`close` after the block, `discard` when it raised."""
+        self.discard() if error_type is not None else self.close()
+
     def discard(self) -> None:
         """Drop pending (unsealed) rows, e.g. on an error; committed shards stay."""
         self._current = None
@@ -217,7 +225,7 @@ def check_token_folder(root: Path, meta: Mapping[str, Any]) -> bool:
                 f"{meta['fingerprint'][:16]} (N_c={meta['n_codebooks']}, |V|={meta['codebook_size']}). "
                 "Tokens of two codecs must never mix: use a new output folder.")
         return False
-    if root.is_dir() and any(not is_temporary(p) for p in root.iterdir()):
+    if root.is_dir() and any(not is_temporary(p) and p.name != LOCK_FILE for p in root.iterdir()):
         raise TokenShardError(f"{root} is not empty and is not a token folder; choose a new output folder")
     return True
 
@@ -253,14 +261,9 @@ def write_token_corpus(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarr
     arrays: relative path -> tokens [frames, N_c]; written in the mapping's order. `seconds` of
     each entry is frames / frame_rate; `metadata` maps paths to their metadata. Returns the opened folder.
     """
-    writer = ShardWriter(out_dir, codec_meta, shard_frames=shard_frames)
-    try:
+    with ShardWriter(out_dir, codec_meta, shard_frames=shard_frames) as writer:
         for path, tokens in arrays.items():
             writer.add(path, tokens, seconds=len(tokens) / float(codec_meta["frame_rate"]),
                        metadata=(metadata or {}).get(path))
-        writer.close()
-    except BaseException:
-        writer.discard()
-        raise
     write_errors(out_dir, [])
     return TokenShards.open(out_dir)

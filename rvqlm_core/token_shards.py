@@ -316,10 +316,6 @@ class TokenShards:
     def total_frames(self) -> int:
         return sum(e.n_frames for e in self.entries)
 
-    @property
-    def total_seconds(self) -> float:
-        return sum(e.seconds for e in self.entries)
-
     def __len__(self) -> int:
         return len(self.entries)
 

@@ -10,7 +10,7 @@
 #                layered over stage 3's recipe: codec_speech_cycle.yaml (6000 steps),
 #                codec_speech_speed.yaml (5000), codec_speech_loudness_decoder.yaml (3000, tokens kept),
 #                codec_speech_loudness_cycle.yaml (4000, new tokens), codec_speech_voices.yaml (3000, on
-#                the built-in corpus plus the voices corpus, `rvqlm corpus prepare --voices`; new tokens)
+#                the built-in corpus plus the voices corpus, `rvqlm corpus prepare voices`; new tokens)
 #   LM_STEPS     LM stage-1 steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
 #   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; the shipped LM:
 #                300; 0: none)
@@ -33,7 +33,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 last_run() { ls -d "runs/$1"/version_* | sort -V | tail -1; }
 
-$RVQLM corpus prepare
+$RVQLM corpus prepare fillets
 $RVQLM train-codec --config recipes/shipped/codec_speech_istft.yaml --trainer.max_steps "$CODEC_STEPS" --trainer.max_time null
 if [ "$CODEC_STEPS3" -gt 0 ]; then
   $RVQLM export-codec "$(last_run codec_speech_istft)/checkpoints/last.ckpt" runs/codec_speech_istft/export
@@ -64,7 +64,7 @@ if [ "$CODEC_STEPS3" -gt 0 ]; then
   $RVQLM export-codec "$(last_run codec_speech_loudness_cycle)/checkpoints/last.ckpt" \
       runs/codec_speech_loudness_cycle/export --dtype float16
   bash scripts/system_deps.sh --voices
-  $RVQLM corpus prepare --voices
+  $RVQLM corpus prepare voices
   $RVQLM train-codec --config recipes/shipped/codec_speech_long_window_joint.yaml --config recipes/shipped/codec_speech_cycle.yaml \
       --config recipes/shipped/codec_speech_speed.yaml --config recipes/shipped/codec_speech_loudness_cycle.yaml \
       --config recipes/shipped/codec_speech_voices.yaml
@@ -101,7 +101,7 @@ if [ "$MASKED_STEPS" -gt 0 ]; then
   $RVQLM eval-lm --lm models/lm-masked-speech-16k --tokens "$tokens" --split valid
 fi
 if [ "$COND_STEPS" -gt 0 ]; then
-  $RVQLM corpus prepare --synthetic
+  $RVQLM corpus prepare synthetic
   synth_tokens=data/tokens/fillets-synth-cs-16k-$fp
   $RVQLM tokenize data/fillets-synth-cs-16k "$synth_tokens" --codec models/codec-speech-16k
   OMP_NUM_THREADS=2 $RVQLM train-lm --config recipes/lm_speech.yaml --config recipes/lm_speech_conditioned.yaml \

@@ -28,14 +28,14 @@ def _one_thread():
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
     """The full built-in corpus (16 kHz mono, split by level), prepared once into data/ and reused."""
-    from rvqlm.corpus import prepare_corpus
+    from rvqlm.corpora.fillets import prepare_corpus
 
     return prepare_corpus(REPO / "data" / "fillets-cs-16k", 16000, progress=False)
 
 
 @pytest.fixture(scope="session")
 def speech_files(corpus_dir) -> dict[str, list[Path]]:
-    from rvqlm.corpus import SPLITS, corpus_files
+    from rvqlm.corpora.folder import SPLITS, corpus_files
 
     return {s: corpus_files(corpus_dir, s) for s in SPLITS}
 
@@ -43,6 +43,6 @@ def speech_files(corpus_dir) -> dict[str, list[Path]]:
 @pytest.fixture(scope="session")
 def real_ogg() -> Path:
     """One original Vorbis file of the corpus (22.05 kHz mono)."""
-    from rvqlm.corpus import list_source_files
+    from rvqlm.corpora.fillets import list_source_files
 
     return list_source_files()[0].source

@@ -140,17 +140,19 @@ def test_rows_that_cannot_be_attached_are_counted_errors_and_no_tokens_are_lost(
         {"file_name": "b.wav", "text": "first"},
         {"file_name": "./b.wav", "text": "first"},  # the same file again, even with the same text
         {"file_name": "sub/c.wav", "text": "root"},
+        {"file_name": "sub/d.flac", "text": 5},
     ])
     _jsonl(audio / "sub" / "metadata.jsonl", [{"file_name": "c.wav", "text": "nested"},
-                                             {"file_name": "../a.wav", "text": "outside its folder"}])
+                                             {"file_name": "../a.wav", "text": "outside its folder"},
+                                             {"file_name": "d.flac", "text": "ok", "speaker": ["x"]}])
     out = tmp_path / "tok"
     rc = cli_main(["tokenize", str(audio), str(out), "--codec", str(codec_dir), "--workers", "0", "--no-progress"])
     assert rc == 1
     captured = capsys.readouterr()
     assert "4 tokenized" in captured.out and "0 failed" in captured.out
-    assert "8 metadata row(s) could not be attached" in captured.err
+    assert "10 metadata row(s) could not be attached" in captured.err
     errors = [e for e in read_errors(out) if e.get("kind") == "metadata"]
-    assert len(errors) == len(read_errors(out)) == 8
+    assert len(errors) == len(read_errors(out)) == 10
     reasons = " | ".join(f"{e['path']}: {e['reason']}" for e in errors)
     for expected in ("gone.wav: metadata.jsonl line 2: names 'gone.wav', which is not an audio file",
                      "notes.txt: metadata.jsonl line 3: names 'notes.txt'",
@@ -159,7 +161,9 @@ def test_rows_that_cannot_be_attached_are_counted_errors_and_no_tokens_are_lost(
                      "metadata.jsonl line 6: file_name must be a non-empty string, got 7",
                      "b.wav: named by 2 metadata rows (metadata.jsonl line 7, metadata.jsonl line 8)",
                      "sub/c.wav: named by 2 metadata rows (metadata.jsonl line 9, sub/metadata.jsonl line 1)",
-                     "sub/metadata.jsonl line 2: file_name '../a.wav' points outside"):
+                     "sub/metadata.jsonl line 2: file_name '../a.wav' points outside",
+                     "sub/d.flac: metadata.jsonl line 10: 'text' must be a string, got 5",
+                     "sub/d.flac: sub/metadata.jsonl line 3: 'speaker' must be a string, got ['x']"):
         assert expected in reasons
     ts = TokenShards.open(out, verify=True)
     assert {e.path: e.metadata for e in ts.entries} == {"a.wav": {"text": "one"}, "b.wav": {}, "sub/c.wav": {},

@@ -112,7 +112,7 @@ def test_nll_by_file_is_the_models_loss_with_the_text_on_the_first_window_only(s
 
 def test_the_benchmark_runs_end_to_end_and_reads_the_real_voices(setup, monkeypatch, capsys):
     root, _, _, _ = setup
-    monkeypatch.setattr("rvqlm.metrics.dnsmos", lambda wav, sr: {"dnsmos_ovrl": 1.0 + float(np.abs(wav).mean())})
+    monkeypatch.setattr("rvqlm.quality.metrics.dnsmos", lambda wav, sr: {"dnsmos_ovrl": 1.0 + float(np.abs(wav).mean())})
     out = root / "result.json"
     args = ["--lm", str(root / "lm"), "--codec", str(root / "codec"), "--tokens", str(root / "tokens"),
             "--corpus", str(root / "corpus"), "--max-files", "4", "--cfg", "1", "3", "--max-seconds", "0.4",

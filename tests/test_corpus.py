@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from rvqlm.corpus import (FILLETS_SCRIPT_DIR, SPLITS, corpus_subset, list_source_files, prepare_corpus,
-                          split_of_level, write_corpus_metadata)
-from rvqlm.dialogs import Dialog, DialogError, parse_dialogs
+from rvqlm.corpora.fillets import FILLETS_SCRIPT_DIR, list_source_files, prepare_corpus, split_of_level, \
+    write_corpus_metadata
+from rvqlm.corpora.folder import SPLITS, corpus_subset
+from rvqlm.corpora.dialogs import Dialog, DialogError, parse_dialogs
 
 
 def test_split_is_by_level_and_disjoint(speech_files, corpus_dir):
@@ -123,7 +124,7 @@ def test_a_prepared_corpus_gains_metadata_without_decoding_audio(tmp_path, monke
     from rvqlm.cli import main as cli_main
 
     out = tmp_path / "corpus"
-    assert cli_main(["corpus", "prepare", "--out", str(out), "--max-files-per-split", "2"]) == 0
+    assert cli_main(["corpus", "prepare", "fillets", "--out", str(out), "--max-files-per-split", "2"]) == 0
     assert "files have their line" in capsys.readouterr().out
     for split in SPLITS:
         (out / split / "metadata.jsonl").unlink()  # as a corpus prepared before metadata existed
@@ -132,8 +133,8 @@ def test_a_prepared_corpus_gains_metadata_without_decoding_audio(tmp_path, monke
     def no_audio(*args, **kwargs):
         raise AssertionError("audio was decoded or written")
 
-    monkeypatch.setattr("rvqlm.corpus.load_audio", no_audio)
-    monkeypatch.setattr("rvqlm.corpus.save_audio", no_audio)
+    monkeypatch.setattr("rvqlm.corpora.folder.load_audio", no_audio)
+    monkeypatch.setattr("rvqlm.corpora.folder.save_audio", no_audio)
     prepare_corpus(out, 16000, max_files_per_split=2, progress=False)
     rows = {split: [json.loads(line) for line in (out / split / "metadata.jsonl").read_text("utf-8").splitlines()]
             for split in SPLITS}

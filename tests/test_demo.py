@@ -9,6 +9,8 @@ import html
 import json
 import math
 import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -16,11 +18,11 @@ import torch
 
 from codec.audio import audio_info, load_audio, save_audio
 from rvqlm.cli import main
-from rvqlm.demo import SHIPPED_CODEC
-from rvqlm.foreign_clips import TABLE as FOREIGN_TABLE
-from rvqlm.foreign_clips import foreign_speaker_clips, pick_foreign_clips
-from rvqlm.say_it import TABLE as SAY_IT_TABLE
-from rvqlm.say_it import say_it_clips
+from rvqlm.demo.pipeline import REPO, SHIPPED_CODEC, DemoSettings
+from rvqlm.demo.foreign_clips import TABLE as FOREIGN_TABLE
+from rvqlm.demo.foreign_clips import foreign_speaker_clips, pick_foreign_clips
+from rvqlm.demo.say_it import TABLE as SAY_IT_TABLE
+from rvqlm.demo.say_it import say_it_clips
 
 PROMPT_SECONDS, SECONDS = 1.0, 0.5
 SPEAKER_A, SPEAKER_B = "aa_AA_f_One", "bb_BB_m_Two"
@@ -33,9 +35,9 @@ SYSTEMS = ["original", "ours N_c=4", "ours N_c=8", "Opus 6 kbps"]
 
 @pytest.fixture(scope="module")
 def fake_voices(speech_files, tmp_path_factory):
-    """A prepared voices corpus (rvqlm.corpus.write_corpus, as `make voices` writes it) of FAKE_VOICES:
+    """A prepared voices corpus (rvqlm.corpora.fillets.write_corpus, as `make voices` writes it) of FAKE_VOICES:
     two test speakers with lines too short, too long and 3-8 s, and a training speaker."""
-    from rvqlm.corpus import CorpusFile, write_corpus
+    from rvqlm.corpora.folder import CorpusFile, write_corpus
 
     root = tmp_path_factory.mktemp("voices")
     speech, files, start = torch.cat([load_audio(f, 16000, 1) for f in speech_files["test"][:40]], dim=1), [], 0
@@ -166,7 +168,7 @@ def test_demo_shows_foreign_speaker_clips_with_their_scores(demo, fake_voices):
 
 
 def test_pick_foreign_clips_takes_each_speaker_in_turn_and_only_3_to_8_s(fake_voices):
-    from rvqlm.corpus import CorpusError
+    from rvqlm.corpora.folder import CorpusError
 
     def picked(n, **kw):
         return [f.relative_to(fake_voices).as_posix() for f in pick_foreign_clips(fake_voices, n, **kw)]
@@ -220,6 +222,20 @@ def test_demo_refuses_to_skip_training_when_the_shipped_lm_does_not_fit(tmp_path
     assert not list((tmp_path / "work").glob("tokens-*"))  # refused before the slow stages
 
 
+def test_by_default_the_demo_writes_only_where_git_ignores():
+    """`make demo` leaves `git status` clean: its report, work folder, corpus and tokens lie in folders
+    that .gitignore names; the committed example report (samples/) is not one of them."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    s = DemoSettings()
+    written = [s.samples_dir / "index.html", s.samples_dir / "audio" / "prompt1-original.wav", s.work_dir / "lm" / "x",
+               s.corpus_dir / "corpus.json", REPO / "data" / "tokens" / "fillets-cs-16k-0123456789ab" / "codec.json"]
+    example = REPO / "samples" / "index.html"
+    paths = [str(p.relative_to(REPO)) for p in written + [example]]
+    done = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO, capture_output=True, text=True)
+    assert done.stdout.split() == paths[:-1]
+
+
 @pytest.mark.parametrize("flag", [["--lm-minutes", "-1"], ["--corpus-files", "0"], ["--prompts", "0"],
                                   ["--foreign-clips", "-1"]])
 def test_demo_refuses_bad_settings(tmp_path, flag, capsys):
@@ -259,7 +275,7 @@ def test_demo_fine_tunes_the_shipped_lm_for_its_time_budget(demo, corpus_dir, tm
 
 
 def test_corpus_subset_links_the_first_files_of_each_split_and_refuses_another(corpus_dir, tmp_path):
-    from rvqlm.corpus import CorpusError, corpus_files, corpus_subset
+    from rvqlm.corpora.folder import CorpusError, corpus_files, corpus_subset
 
     sub = corpus_subset(corpus_dir, tmp_path / "sub", 2)
     for split in ("train", "valid", "test"):
@@ -278,7 +294,7 @@ def test_without_a_conditioned_lm_the_say_it_section_is_one_line_saying_how_to_g
     samples, work = demo
     page = (samples / "index.html").read_text()
     hint = (f"“Say it” left out: no conditioned LM at {work.parent / 'no-conditioned-lm'}; tokenize the folder of "
-            "`rvqlm corpus prepare --synthetic` with this codec, train one with `rvqlm train-lm --config "
+            "`rvqlm corpus prepare synthetic` with this codec, train one with `rvqlm train-lm --config "
             "recipes/lm_speech.yaml --config recipes/lm_speech_conditioned.yaml` and give its pretrained/ folder "
             "with --conditioned-lm.")
     assert f"<h2>Say it</h2><p>{html.escape(hint)}</p>" in page
@@ -287,7 +303,7 @@ def test_without_a_conditioned_lm_the_say_it_section_is_one_line_saying_how_to_g
 
 def test_say_it_is_left_out_for_an_lm_that_does_not_fit(tmp_path):
     from lm import MultiCodebookLM
-    from rvqlm.demo import load_codec
+    from rvqlm.demo.pipeline import load_codec
 
     codec = load_codec(SHIPPED_CODEC)
     cases = {"plain": (tiny_lm_config(condition=None), "is an LM without text and speaker conditioning"),
@@ -306,7 +322,7 @@ def test_say_it_is_left_out_for_an_lm_that_does_not_fit(tmp_path):
 
 
 def test_say_it_says_held_out_lines_in_both_voices_with_their_text(tiny_conditioned_lm, corpus_dir, tmp_path):
-    from rvqlm.demo import load_codec
+    from rvqlm.demo.pipeline import load_codec
 
     codec = load_codec(SHIPPED_CODEC)
     said = []

@@ -1,4 +1,4 @@
-"""`rvqlm generate --stream` (rvqlm/stream_generate.py): the continuation's wav grows while the LM
+"""`rvqlm generate --stream` (rvqlm/commands/stream_generate.py): the continuation's wav grows while the LM
 generates, is a valid file at every moment, and holds what `rvqlm generate` writes without --stream."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from codec.audio import save_audio
 from lm import LMConfig, MultiCodebookLM
 from lm.generate import generate
 from rvqlm.cli import main
-from rvqlm.stream_generate import ContinuationWriter, GrowingWav
+from rvqlm.commands.stream_generate import ContinuationWriter, GrowingWav
 
 N_C, V = 2, 16
 

@@ -18,6 +18,7 @@ LAYERS = {
 }
 LIBRARIES = ("rvqlm_core", "codec", "lm", "rvqlm")
 MAX_FILE_LINES = 450
+APP_TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py"}  # the rest of rvqlm/ lives in rooms (subpackages)
 MAX_FUNCTION_LINES = 60
 
 
@@ -140,6 +141,11 @@ def part_type_checks(root: Path) -> list[str]:
     return found
 
 
+def stray_app_modules(root: Path) -> list[str]:
+    """Modules at the top level of rvqlm/ other than its entry points."""
+    return sorted(f"rvqlm/{p.name}" for p in (root / "rvqlm").glob("*.py") if p.name not in APP_TOP_LEVEL)
+
+
 def test_imports_run_down_the_layers_only():
     assert upward_imports(import_graph(REPO)) == []
 
@@ -170,9 +176,13 @@ def test_the_part_type_check_finds_a_planted_one(tmp_path):
                                           "codec/model.py:5 issubclass(..., WaveConfig)"]
 
 
+def test_the_application_keeps_its_modules_in_rooms():
+    assert stray_app_modules(REPO) == []
+
+
 def test_the_checks_find_what_they_look_for(tmp_path):
-    """A planted upward import, a planted circle (one of them lazy, one relative) and a long
-    function are each reported: the checks above can fail."""
+    """A planted upward import, a planted circle (one of them lazy, one relative), a long function
+    and a module at rvqlm/'s top level are each reported: the checks above can fail."""
     files = {
         "rvqlm_core/__init__.py": "",
         "codec/__init__.py": "",
@@ -190,3 +200,10 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     assert upward_imports(graph) == ["codec.data imports rvqlm.corpus"]
     assert circles(graph) == ["lm.generate -> lm.model -> lm.generate"]
     assert oversized(tmp_path) == ["rvqlm/corpus.py:4 h(): 71 lines"]
+    assert stray_app_modules(tmp_path) == ["rvqlm/corpus.py"]
+
+
+def test_the_readme_stays_short():
+    """A newcomer reads the README whole: at most 160 lines (details go to docs/ and the model cards)."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 160, f"README.md has {lines} lines"

@@ -70,9 +70,9 @@ def test_the_bound_is_the_longer_of_flops_and_weight_reads(setup):
 
 def test_the_script_measures_both_families_end_to_end(setup, tmp_path, capsys, monkeypatch):
     """End to end, DNSMOS replaced by the clip's RMS (speechmos takes seconds a clip; its wrapper has its own tests)."""
-    import rvqlm.metrics
+    import rvqlm.quality.metrics
 
-    monkeypatch.setattr(rvqlm.metrics, "dnsmos", lambda wav, rate: {"dnsmos_ovrl": float(np.sqrt(np.mean(wav ** 2)))})
+    monkeypatch.setattr(rvqlm.quality.metrics, "dnsmos", lambda wav, rate: {"dnsmos_ovrl": float(np.sqrt(np.mean(wav ** 2)))})
     root, _, _ = setup
     out = tmp_path / "r.json"
     assert bench.main(["--masked", str(root / "masked"), "--ar", str(root / "ar"), "--codec", str(root / "codec"),

@@ -1,4 +1,4 @@
-"""The demo's masked-LM section (rvqlm/masked_demo.py): the same prompts continued by a masked LM with
+"""The demo's masked-LM section (rvqlm/demo/masked.py): the same prompts continued by a masked LM with
 each clip's generation time, and one line saying how to get a masked LM when none fits the codec."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from codec.audio import audio_info
-from rvqlm.masked_demo import RECIPE, masked_continuations, masked_lm_hint
+from rvqlm.demo.masked import RECIPE, masked_continuations, masked_lm_hint
 
 SHIPPED_CODEC = "models/codec-speech-16k"
 
 
 @pytest.fixture(scope="module")
 def codec():
-    from rvqlm.demo import load_codec
+    from rvqlm.demo.pipeline import load_codec
 
     return load_codec(SHIPPED_CODEC)
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-import rvqlm.metrics as qm
-import rvqlm.roundtrips as roundtrips
+import rvqlm.quality.metrics as qm
+import rvqlm.quality.roundtrips as roundtrips
 from benchmarks import codec_pitch as cpitch
 from benchmarks import codec_quality as cq
 from benchmarks import compare_quality as cmp

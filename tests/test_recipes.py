@@ -1,7 +1,7 @@
 """Every recipe parses with the CLI it is written for, layered as its header (and, for the shipped
 models' stages, scripts/train_shipped_models.sh) layers it: no unknown key, no wrong type. Headers
 stay short, recipes/ holds only what a user runs, and default data paths name the folders that
-`rvqlm corpus prepare` and `make demo` write."""
+`rvqlm corpus prepare fillets` and `make demo` write."""
 
 from __future__ import annotations
 
@@ -55,9 +55,9 @@ def _print_config(command: str, recipes: list[str], capsys) -> dict:
 @pytest.fixture(scope="module")
 def shipped_tokens_dir() -> str:
     """data/tokens/<corpus>-<token fingerprint[:12]>: where `make demo` tokenizes the corpus with the
-    shipped codec (rvqlm/demo.py)."""
+    shipped codec (rvqlm/demo/pipeline.py)."""
     from codec import Codec
-    from rvqlm.demo import SHIPPED_CODEC, DemoSettings
+    from rvqlm.demo.pipeline import SHIPPED_CODEC, DemoSettings
 
     corpus = DemoSettings().corpus_dir.relative_to(REPO)
     return str(Path("data") / "tokens" / f"{corpus.name}-{Codec.from_pretrained(SHIPPED_CODEC).token_fingerprint()[:12]}")
@@ -86,9 +86,9 @@ def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir)
     elif command in ("train-lm", "train-masked-lm"):
         assert data["tokens_dir"] == shipped_tokens_dir, "the token folder `make demo` writes"
     elif data.get("train_dir") is None:
-        prepared = {"data/fillets-cs-16k", "data/voices-16k"}  # what `rvqlm corpus prepare [--voices]` writes
+        prepared = {"data/fillets-cs-16k", "data/voices-16k"}  # what `rvqlm corpus prepare fillets|voices` writes
         folders = data["corpus_dir"] if isinstance(data["corpus_dir"], list) else [data["corpus_dir"]]
-        assert folders and set(folders) <= prepared, "the folders `rvqlm corpus prepare` writes"
+        assert folders and set(folders) <= prepared, "the folders `rvqlm corpus prepare fillets` writes"
 
 
 def test_the_shipped_models_stages_parse_as_the_script_layers_them(capsys):

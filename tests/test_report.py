@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from codec.audio import load_audio
-from rvqlm.report import ReportClip, ReportSection, write_clip, write_report
+from rvqlm.demo.report import ReportClip, Section, write_clip, write_report
 
 
 def _chromium_driver():
@@ -34,7 +34,7 @@ def _make_report(tmp_path: Path, files: list[Path]) -> Path:
         seconds = {"seconds": f"{wav.shape[1] / 16000:.2f}"}
         row.append(write_clip(tmp_path, f"clip{i}", wav, 16000, f"clip {i}", seconds))
     assert [c.wav.as_posix() for c in row] == [f"audio/clip{i}.wav" for i in range(len(files))]
-    return write_report(tmp_path, "rvqlm test report", [ReportSection("Real speech", "two held-out lines", [row])],
+    return write_report(tmp_path, "rvqlm test report", [Section("Real speech", "two held-out lines", [row])],
                         tables={"metrics": [{"model": "none", "mel distance": "0.0"}]})
 
 
@@ -66,5 +66,5 @@ def test_report_loads_in_headless_chromium_with_players_and_images(tmp_path, spe
 def test_report_refuses_missing_clip_files(tmp_path):
     clip = ReportClip("x", Path("missing.wav"), Path("missing.png"))
     with pytest.raises(FileNotFoundError, match="missing.wav"):
-        write_report(tmp_path, "t", [ReportSection("s", "d", [[clip]])])
+        write_report(tmp_path, "t", [Section("s", "d", [[clip]])])
     assert not (tmp_path / "index.html").exists()

@@ -1,4 +1,4 @@
-"""rvqlm/synthetic.py: the built-in corpus plus its train and valid lines in espeak-ng voices."""
+"""rvqlm/corpora/synthetic.py: the built-in corpus plus its train and valid lines in espeak-ng voices."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import torch
 
 from codec.audio import audio_info, load_audio
 from codec.pitch import yin
-from rvqlm.corpus import SPLITS, CorpusError, corpus_subset
-from rvqlm.espeak_align import Event, Speaker, alignment, anchors
-from rvqlm.synthetic import PEAK, VOICES, espeak, prepare_synthetic, synthetic_relpath
+from rvqlm.corpora.folder import SPLITS, CorpusError, corpus_subset
+from rvqlm.corpora.synthetic import PEAK, VOICES, espeak, prepare_synthetic, synthetic_relpath
 
 TWO = ("synth-m1", "synth-f2")
 
@@ -48,7 +47,6 @@ def test_every_train_and_valid_line_is_spoken_in_each_voice_and_test_stays_real(
                 rel = synthetic_relpath(f"{split}/{r['file_name']}", voice)
                 row = next(s for s in synthetic if f"{split}/{s['file_name']}" == rel)
                 assert row["speaker"] == voice and row["text"] == r["text"]
-                assert row["alignment"][-1][1] == len(r["text"].encode())  # espeak-ng's own timing of the line
                 info = audio_info(out / rel)
                 assert info.sample_rate == 16000 and info.channels == 1 and info.duration > 0.3
     real_files = [e for e in meta["files"] if e["level"] not in VOICES]
@@ -72,8 +70,7 @@ def test_the_voices_differ_and_are_scaled_to_the_peak():
 
 def test_a_rerun_resynthesizes_nothing_and_other_settings_are_refused(small, monkeypatch):
     source, out = small
-    monkeypatch.setattr("rvqlm.synthetic.espeak", lambda *a: pytest.fail("re-synthesized"))
-    monkeypatch.setattr("rvqlm.synthetic.alignment", lambda *a: pytest.fail("re-aligned"))
+    monkeypatch.setattr("rvqlm.corpora.synthetic.espeak", lambda *a: pytest.fail("re-synthesized"))
     assert prepare_synthetic(out, source, voices=TWO, progress=False) == out
     with pytest.raises(CorpusError, match="prepared with"):
         prepare_synthetic(out, source, voices=("synth-m1",), progress=False)
@@ -85,31 +82,3 @@ def test_without_espeak_ng_one_line_says_how_to_get_it(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(CorpusError, match="espeak-ng is not installed"):
         espeak("ahoj", "synth-m1", 16000)
-
-
-def test_anchors_share_a_words_bytes_among_its_phonemes_and_cross_the_gap_in_what_follows():
-    """Characters are counted as espeak-ng counts them, bytes as the LM reads them (UTF-8)."""
-    text = "loď ano"  # "loď ano": the ď is two bytes, so the words are bytes 0..4 and 5..8
-    events = [Event("word", 0, 3, 100), Event("phoneme", 0, 0, 100, "l"), Event("phoneme", 0, 0, 200, "o"),
-              Event("phoneme", 0, 0, 300, "d^"), Event("phoneme", 4, 0, 400, "_:"),
-              Event("word", 4, 3, 600), Event("phoneme", 4, 0, 600, "a"), Event("phoneme", 4, 0, 700, "n"),
-              Event("phoneme", 4, 0, 800, "o")]
-    assert anchors(text, events, 1000, 1000) == [[0.0, 0.0], [0.1, 0.0], [0.2, 1.33], [0.3, 2.67], [0.4, 4.0],
-                                                 [0.6, 5.0], [0.7, 6.0], [0.8, 7.0], [1.0, 8.0]]
-
-
-def test_espeak_ngs_alignment_ends_where_its_speech_ends_and_reads_in_order():
-    text = "Co je to za divnou loď? To není skleněné oko."
-    got = alignment(text, *VOICES["synth-m1"])
-    times, bytes_ = zip(*got)
-    assert list(times) == sorted(times) and list(bytes_) == sorted(bytes_) and got[-1][1] == len(text.encode())
-    audio = espeak(text, "synth-m1", 16000)[0]
-    end = got[-1][0]
-    assert 0.5 < end <= audio.shape[0] / 16000  # the program only adds silence after the library's samples
-    assert float(audio[int(end * 16000) + 160:].abs().max()) < 0.01
-    question = next(t for t, b in got if b >= text.index("?") + 2)  # the pause after the question: "To" starts
-    assert 0.3 * end < question < 0.7 * end
-
-
-def test_speaker_is_one_library_instance():
-    assert Speaker.shared() is Speaker.shared()

@@ -168,6 +168,25 @@ def test_a_different_codec_is_refused(tmp_path, audio_dir, codec_dir, capsys):
     assert _folder_bytes(out) == before
 
 
+def test_a_folder_another_run_is_writing_is_refused_in_one_line_and_free_after(tmp_path, audio_dir, codec_dir,
+                                                                                 capsys):
+    """Two runs into one folder at once: the second refuses before writing anything (the lock is held
+    here as the first run would hold it); once the first ends, a run goes through."""
+    from rvqlm_core.folder_lock import LOCK_FILE, folder_lock
+
+    out, src = tmp_path / "tok", tmp_path / "few"
+    shutil.copytree(audio_dir / "part0", src)
+    args = ["tokenize", str(src), str(out), "--codec", str(codec_dir), "--no-progress", "--workers", "0"]
+    with folder_lock(out):
+        assert cli_main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"rvqlm tokenize: error: {out} is being written by another run (pid ") and \
+            err.count("\n") == 1
+        assert [p.name for p in out.iterdir()] == [LOCK_FILE]
+    assert cli_main(args) == 0
+    assert "12 tokenized" in capsys.readouterr().out
+
+
 def _decoder_changed(codec_dir: Path, dest: Path) -> Path:
     """The codec of codec_dir with other decoder weights (what a decoder-only fine-tune makes)."""
     codec = Codec.from_pretrained(codec_dir)

@@ -24,6 +24,7 @@ import pytest
 from codec.distributed_tokenize import Launch, owner, tokenize, tokenize_share
 from codec.tokenize import (TokenizeSettings, TokenizeSummary, codec_meta, list_audio_files, read_metadata,
                             tokenize_folder)
+from rvqlm_core.folder_lock import LOCK_FILE, folder_lock
 from rvqlm_core.shard_writer import ShardWriter, write_token_corpus
 from rvqlm_core.token_parts import check_distributed_folder, claim_distributed_folder, merge_parts, part_name
 from rvqlm_core.token_shards import TokenShardError, TokenShards
@@ -200,7 +201,7 @@ def test_a_rank_killed_mid_run_then_rerun_equals_one_process(tmp_path, audio, co
     skipped = int(done.stdout.split(" already done")[0].rsplit(", ", 1)[1])
     assert skipped >= len(partial.entries), done.stdout
     assert_same_files(reference, out)
-    assert not [p for p in out.rglob(".*")], "temporaries left behind"
+    assert not [p for p in out.rglob(".*") if p.name != LOCK_FILE], "temporaries left behind"
 
 
 def test_more_ranks_than_files_finishes_cleanly(tmp_path, audio, codec_dir):
@@ -215,6 +216,18 @@ def test_more_ranks_than_files_finishes_cleanly(tmp_path, audio, codec_dir):
     idle = 1 - owner(name, 2)
     assert _part_summary(out, idle, 2) == [] and _part_summary(out, 1 - idle, 2) == [name]
     assert [e.path for e in TokenShards.open(out, verify=True).entries] == [name]
+
+
+def test_a_launch_into_a_folder_another_run_is_writing_is_refused_on_every_rank(tmp_path, audio, codec_dir):
+    """Rank 0 finds the folder's lock held (here as another run would hold it) and every rank ends
+    with the same one line before anything is written."""
+    out = tmp_path / "tok"
+    with folder_lock(out):
+        done = _run(_torchrun(2, audio, out, codec_dir))
+        assert [p.name for p in out.iterdir()] == [LOCK_FILE]
+    assert done.returncode != 0
+    refusals = [line for line in done.stderr.splitlines() if line.startswith("rvqlm tokenize: error:")]
+    assert len(refusals) == 2 and all(f"{out} is being written by another run" in r for r in refusals), done.stderr
 
 
 # ---------------------------------------------------------------------------------------------

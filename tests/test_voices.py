@@ -1,4 +1,4 @@
-"""The voices corpus (rvqlm/voices.py): speakers held out whole, G.722 and voice-pack Vorbis decoded,
+"""The voices corpus (rvqlm/corpora/voices.py): speakers held out whole, G.722 and voice-pack Vorbis decoded,
 the hedgewars packs chosen and split, the common layout."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from rvqlm.corpus import CorpusError, corpus_files
-from rvqlm.voices import (HEDGEWARS_PACKAGE, PACK_PREFIX, SPEAKERS, VOICE_PACKS, is_speech_taunt, list_pack_files,
+from rvqlm.corpora.folder import CorpusError, corpus_files
+from rvqlm.corpora.voices import (HEDGEWARS_PACKAGE, PACK_PREFIX, SPEAKERS, VOICE_PACKS, is_speech_taunt, list_pack_files,
                           list_voice_files, prepare_voices, split_of_voice)
 
 EXCLUDED_PACKS = ("Robot", "Singer")  # heavily processed: never in the corpus

@@ -85,7 +85,9 @@ def _export(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace):
     from codec import Codec
+    from rvqlm_core.atomic import check_file_destination
 
+    check_file_destination(args.output)  # before any work
     codec = Codec.from_pretrained(args.codec, map_location=args.device)
     k = getattr(args, "n_codebooks", None)
     if k is not None and not 1 <= k <= codec.n_codebooks:

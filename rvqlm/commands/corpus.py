@@ -1,5 +1,5 @@
-"""`rvqlm corpus prepare`: decode and split the built-in speech corpus; `rvqlm corpus text-tokens`: its
-transcripts as an N_c = 1 byte token folder (rvqlm/text_tokens.py)."""
+"""`rvqlm corpus prepare fillets|voices|synthetic`: decode and split a corpus (rvqlm/corpora/);
+`rvqlm corpus text-tokens`: its transcripts as an N_c = 1 byte token folder (rvqlm/corpora/text_tokens.py)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,18 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("corpus", help="prepare the built-in real-speech corpus (fillets-ng-data-cs)")
+    p = sub.add_parser("corpus", help="prepare a speech corpus (the built-in fillets-ng-data-cs, voices, synthetic)")
     csub = p.add_subparsers(dest="corpus_command", required=True, metavar="ACTION")
-    prep = csub.add_parser("prepare", help="decode to 16-bit mono wav and split by level into train/valid/test; "
-                                           "write metadata.jsonl (each file's Czech line, English line and "
-                                           "speaker, from Debian's fillets-ng-data dialog scripts)")
-    prep.add_argument("--voices", action="store_true",
-                      help="prepare the voices corpus instead (other speakers and languages, Debian's "
-                           "asterisk-core-sounds-*-g722 and hedgewars-data's voice packs; `make voices` installs them) "
-                           "into data/voices-16k")
-    prep.add_argument("--synthetic", action="store_true",
-                      help="also prepare the built-in corpus plus its train and valid lines spoken by six espeak-ng "
-                           "voices (rvqlm/synthetic.py; volume for a conditioned LM, never for measuring quality) "
-                           "into data/fillets-synth-cs-16k")
-    prep.add_argument("--out", default=None, help="output folder (default data/fillets-cs-16k, data/voices-16k or "
-                                                  "data/fillets-synth-cs-16k)")
+    prep = csub.add_parser("prepare", help="decode a corpus to 16-bit mono wav, split it into train/valid/test and "
+                                           "write its metadata.jsonl (text and speaker of each file)")
+    prep.add_argument("corpus", choices=CORPORA, metavar="CORPUS",
+                      help="fillets: the built-in Czech corpus, each file's Czech line, English line and speaker from "
+                           "Debian's fillets-ng-data dialog scripts (data/fillets-cs-16k); voices: other speakers and "
+                           "languages, Debian's asterisk-core-sounds-*-g722 and hedgewars-data's voice packs, which "
+                           "`make voices` installs (data/voices-16k); synthetic: fillets plus its train and valid lines "
+                           "spoken by six espeak-ng voices, volume for a conditioned LM, never for measuring quality "
+                           "(data/fillets-synth-cs-16k)")
+    prep.add_argument("--out", default=None, help="output folder (default: the one named above)")
     prep.add_argument("--sample-rate", type=int, default=16000)
     prep.add_argument("--max-files-per-split", type=int, default=None, help="a quick subset")
     prep.set_defaults(func=run_prepare)
@@ -34,25 +31,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     text.set_defaults(func=run_text_tokens)
 
 
+CORPORA = ("fillets", "voices", "synthetic")  # each a module of rvqlm/corpora/
+
+
 def run_prepare(args: argparse.Namespace) -> int:
     import json
 
-    from rvqlm.corpus import DEFAULT_CORPUS_DIR, prepare_corpus
-    from rvqlm.voices import DEFAULT_VOICES_DIR, prepare_voices
+    from rvqlm.corpora.fillets import DEFAULT_CORPUS_DIR, prepare_corpus
 
-    if args.voices and args.synthetic:
-        raise ValueError("--voices and --synthetic prepare different corpora: give one")
-    if args.voices:
+    if args.corpus == "voices":
+        from rvqlm.corpora.voices import DEFAULT_VOICES_DIR, prepare_voices
+
         out = prepare_voices(args.out or DEFAULT_VOICES_DIR, args.sample_rate, max_files_per_split=args.max_files_per_split)
-    elif args.synthetic:
-        from rvqlm.synthetic import DEFAULT_SYNTHETIC_DIR, prepare_synthetic
+    else:  # fillets also writes metadata.jsonl (text and speaker of each file) and prints how many files have a line
+        out = prepare_corpus(DEFAULT_CORPUS_DIR if args.corpus == "synthetic" else args.out or DEFAULT_CORPUS_DIR,
+                             args.sample_rate, max_files_per_split=args.max_files_per_split, log=print)
+    if args.corpus == "synthetic":
+        from rvqlm.corpora.synthetic import DEFAULT_SYNTHETIC_DIR, prepare_synthetic
 
-        source = prepare_corpus(DEFAULT_CORPUS_DIR, args.sample_rate, max_files_per_split=args.max_files_per_split,
-                                log=print)
-        out = prepare_synthetic(args.out or DEFAULT_SYNTHETIC_DIR, source)
-    else:  # also writes metadata.jsonl (text and speaker of each file) and prints how many files have a line
-        out = prepare_corpus(args.out or DEFAULT_CORPUS_DIR, args.sample_rate,
-                             max_files_per_split=args.max_files_per_split, log=print)
+        out = prepare_synthetic(args.out or DEFAULT_SYNTHETIC_DIR, out)
     meta = json.loads((out / "corpus.json").read_text())
     print(f"corpus ready in {out}: minutes per split {meta['minutes']}, {len(meta['skipped'])} files skipped")
     return 0
@@ -61,8 +58,8 @@ def run_prepare(args: argparse.Namespace) -> int:
 def run_text_tokens(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rvqlm.corpus import DEFAULT_CORPUS_DIR
-    from rvqlm.text_tokens import write_text_tokens
+    from rvqlm.corpora.fillets import DEFAULT_CORPUS_DIR
+    from rvqlm.corpora.text_tokens import write_text_tokens
 
     corpus = Path(args.corpus or DEFAULT_CORPUS_DIR)
     out = Path(args.out or Path("data") / "tokens" / f"{corpus.name}-text-bytes")

@@ -1,4 +1,4 @@
-"""`rvqlm demo`: the whole pipeline on the built-in corpus (see rvqlm/demo.py)."""
+"""`rvqlm demo`: the whole pipeline on the built-in corpus (see rvqlm/demo/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="corpus -> codec reconstructions -> tokens -> LM -> continuations -> samples/")
-    p.add_argument("--samples", type=Path, default=None, help="output folder (default samples/)")
+    p = sub.add_parser("demo", help="corpus -> codec reconstructions -> tokens -> LM -> continuations -> runs/demo/")
+    p.add_argument("--samples", type=Path, default=None,
+                   help="report folder (default runs/demo/, untracked; `--samples samples` regenerates the committed "
+                        "example report)")
     p.add_argument("--work-dir", type=Path, default=None, help="LM run and corpus subsets (default data/demo)")
     p.add_argument("--corpus", type=Path, default=None, help="prepared corpus folder (default data/fillets-cs-16k)")
     p.add_argument("--corpus-files", type=int, default=None,
@@ -41,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rvqlm.demo import DemoSettings, run_demo
+    from rvqlm.demo.pipeline import DemoSettings, run_demo
 
     if args.lm_minutes < 0 or args.prompts < 1 or args.prompt_seconds <= 0 or args.seconds <= 0:
         raise ValueError("--prompts, --prompt-seconds and --seconds must be positive, --lm-minutes >= 0")

@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--stream", action="store_true",
                    help="write the continuation's wav while it is generated, a valid file at every moment that a "
-                        "player can follow (rvqlm/stream_generate.py); same codes as without it")
+                        "player can follow (rvqlm/commands/stream_generate.py); same codes as without it")
     p.set_defaults(func=_generate)
 
 
@@ -237,7 +237,7 @@ def _generate(args: argparse.Namespace) -> int:
     t0 = prompt.shape[-1]
     new_frames = max(1, round(args.seconds * codec.frame_rate))
     if args.stream:
-        from rvqlm.stream_generate import generate_streaming
+        from rvqlm.commands.stream_generate import generate_streaming
 
         return generate_streaming(args, lm_model, codec, prompt, new_frames,
                                   output_paths(args.out, args.num_samples, args.prompt is not None),

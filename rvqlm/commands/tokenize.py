@@ -18,7 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "gives each file it names a `metadata` object in the manifest (e.g. text, speaker); "
                     "rows that name no audio file, or a file twice, are listed in errors.jsonl too. "
                     "Under torchrun (`torchrun --nproc-per-node P -m rvqlm tokenize ...`) each rank tokenizes "
-                    "its share of the files and rank 0 merges them into the one folder (docs/distributed.md).",
+                    "its share of the files and rank 0 merges them into the one folder (docs/distributed.md). "
+                    "OUT_DIR takes one run at a time: a second run into it is refused while the first runs "
+                    "(or waits, with --wait).",
     )
     p.add_argument("audio_dir", metavar="AUDIO_DIR", help="folder of audio files (wav, flac, ogg, mp3, ...)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="token folder to create or resume")
@@ -41,10 +43,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="torch device for encoding: auto (cuda:LOCAL_RANK when CUDA is there, else cpu; the default), "
                         "cpu, cuda (cuda:LOCAL_RANK) or cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--wait", action="store_true",
+                   help="when another run is writing OUT_DIR, wait for it to end instead of refusing")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import contextlib
     import os
 
     # oneDNN caches one set of conv kernels per input shape; pieces come in many lengths, so the
@@ -68,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
                                 shard_frames=DEFAULT_SHARD_FRAMES if args.shard_frames is None else args.shard_frames,
                                 progress=not args.no_progress)
     codec = Codec.from_pretrained(args.codec).to(launch.device(args.device))
-    summary = tokenize(args.audio_dir, args.out_dir, codec, settings, launch)
+    with contextlib.ExitStack() as held:
+        hold_out_dir(held, args.out_dir, launch, args.wait)
+        summary = tokenize(args.audio_dir, args.out_dir, codec, settings, launch)
     if launch.rank == 0:
         for line in summary.lines():
             print(line)
@@ -76,6 +83,32 @@ def run(args: argparse.Namespace) -> int:
         _show(summary.metadata_errors,
               f"metadata row(s) could not be attached (all listed in {args.out_dir}/errors.jsonl)")
     return 1 if summary.files_failed or summary.metadata_errors else 0
+
+
+def hold_out_dir(held, out_dir: str, launch, wait: bool) -> None:
+    """Take OUT_DIR's writer lock (rvqlm_core.folder_lock) into the ExitStack `held`: the one process,
+    or rank 0 of a torchrun launch, which tells the other ranks over the process group whether it got
+    it, so a refused launch ends on every rank with the same line before anything is written."""
+    from rvqlm_core.folder_lock import FolderBusy, folder_lock
+
+    if launch.world == 1:
+        held.enter_context(folder_lock(out_dir, wait=wait))
+        return
+    import torch.distributed as dist
+
+    from codec.distributed_tokenize import WAIT
+
+    dist.init_process_group("gloo", timeout=WAIT)  # tokenize's Group finds it and leaves it to us
+    held.callback(dist.destroy_process_group)
+    refusal = [None]
+    if launch.rank == 0:
+        try:
+            held.enter_context(folder_lock(out_dir, wait=wait))
+        except FolderBusy as e:
+            refusal = [str(e)]
+    dist.broadcast_object_list(refusal, src=0)
+    if refusal[0] is not None:
+        raise FolderBusy(refusal[0])
 
 
 def _show(errors: list[dict], what: str) -> None:

@@ -38,11 +38,6 @@ def text_to_tokens(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-8") + LINE_END, dtype=np.uint8).reshape(-1, 1).copy()
 
 
-def tokens_to_text(tokens: np.ndarray) -> str:
-    """Tokens [n, 1] or [n] of bytes -> text (invalid UTF-8, e.g. from a sampled LM, shown as U+FFFD)."""
-    return bytes(np.asarray(tokens, dtype=np.uint8).reshape(-1).tolist()).decode("utf-8", errors="replace")
-
-
 @dataclass
 class TextTokenSummary:
     """files: audio files found; written: files with tokens; bytes: tokens written; errors:
@@ -69,9 +64,9 @@ def write_text_tokens(audio_dir: str | os.PathLike, out_dir: str | os.PathLike, 
         raise ValueError(f"{root} holds no audio files, so it has no transcripts to write")
     found = read_folder_metadata(root, files, exclude=out)
     summary = TextTokenSummary(files=len(files), errors=list(found.errors))
-    writer = ShardWriter(out, text_token_meta())
-    try:
-        for rel in files:
+    listed = {row["path"] for row in found.errors}  # files whose metadata row was bad: in errors.jsonl already
+    with ShardWriter(out, text_token_meta()) as writer:
+        for rel in (f for f in files if f not in listed):
             columns = found.by_path.get(rel, {})
             text = columns.get(text_field)
             if text is not None and not isinstance(text, str):
@@ -81,15 +76,10 @@ def write_text_tokens(audio_dir: str | os.PathLike, out_dir: str | os.PathLike, 
                 summary.errors.append({"path": rel, "reason": f"no text (its metadata has no {text_field!r})",
                                        "kind": "no text"})
             else:
-                speaker = columns.get("speaker")
                 tokens = text_to_tokens(text)
-                writer.add(rel, tokens, seconds=float(len(tokens)),
-                           metadata={"speaker": speaker} if isinstance(speaker, str) and speaker else None)
+                speaker = columns.get("speaker")  # a string or absent (audio_metadata refuses other rows)
+                writer.add(rel, tokens, seconds=float(len(tokens)), metadata={"speaker": speaker} if speaker else None)
                 summary.bytes += len(tokens)
-        writer.close()
-    except BaseException:
-        writer.discard()
-        raise
     write_errors(out, summary.errors)
     summary.written = len(writer.done)
     return summary

@@ -11,25 +11,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from rvqlm.report import ReportClip, write_clip
+from rvqlm.demo.report import Section, write_clip
 
 TITLE = "Masked LM continuations"
 TABLE = "Masked LM continuations (iterative parallel decoding)"
 RECIPE = "rvqlm train-masked-lm --config recipes/lm_masked_speech.yaml"
-
-
-@dataclass
-class MaskedSection:
-    """The section: its description (the one-line hint when there are no clips), rows of clips and the table."""
-
-    description: str
-    rows: list[list[ReportClip]] = field(default_factory=list)
-    table: list[dict[str, str]] = field(default_factory=list)
 
 
 def masked_lm_hint(lm_dir: str | Path, codec) -> str | None:
@@ -49,7 +39,7 @@ def masked_lm_hint(lm_dir: str | Path, codec) -> str | None:
 
 def masked_continuations(codec, lm_dir: str | Path, prompts: list[Path], prompt_seconds: float, seconds: float,
                          out: Path, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                         steps=None, seed: int = 1, say: Callable[[str], None] = print) -> MaskedSection:
+                         steps=None, seed: int = 1, say: Callable[[str], None] = print) -> Section:
     """The first `prompt_seconds` of each prompt file continued by `seconds` with the masked LM at `lm_dir`,
     written under `out` (audio/masked-promptI-*.wav); `say` gets the hint when the section is left out."""
     from codec.audio import load_audio
@@ -59,15 +49,16 @@ def masked_continuations(codec, lm_dir: str | Path, prompts: list[Path], prompt_
     why_not = masked_lm_hint(lm_dir, codec) if prompts else f"“{TITLE}” left out (no prompts)."
     if why_not is not None:
         say(why_not)
-        return MaskedSection(why_not)
+        return Section(TITLE, why_not, table_title=TABLE)
     model = load_lm(lm_dir).eval()
     level_steps = steps_per_level(steps, model.cfg.n_codebooks)
     n_prompt = int(prompt_seconds * codec.frame_rate)
     n_new = int(seconds * codec.frame_rate)
     calls = model_calls(n_prompt, n_new, default_window(model.cfg, n_prompt + n_new), level_steps)
-    done = MaskedSection(f"The same prompts continued by {Path(lm_dir).name}, a masked LM filling the "
-                         f"{seconds:g} s in parallel steps ({','.join(map(str, level_steps))} per level, "
-                         f"{calls} model calls in all, against one a frame for the AR LM), same sampling.")
+    done = Section(TITLE, f"The same prompts continued by {Path(lm_dir).name}, a masked LM filling the "
+                          f"{seconds:g} s in parallel steps ({','.join(map(str, level_steps))} per level, "
+                          f"{calls} model calls in all, against one a frame for the AR LM), same sampling.",
+                   table_title=TABLE)
     gen = torch.Generator().manual_seed(seed)
     for i, f in enumerate(prompts):
         with torch.inference_mode():

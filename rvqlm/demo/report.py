@@ -28,10 +28,16 @@ class ReportClip:
 
 
 @dataclass
-class ReportSection:
+class Section:
+    """One section of the page: its heading, the line under it (or the one line saying why it is
+    left out), rows of clips shown side by side, and its table of figures (shown on top under
+    `table_title`, and in the demo's metrics.json)."""
+
     title: str
     description: str
-    rows: list[list[ReportClip]]  # clips in one row are shown side by side
+    rows: list[list[ReportClip]] = field(default_factory=list)
+    table: list[dict[str, str]] = field(default_factory=list)
+    table_title: str = ""
 
 
 def render_spectrogram(wav: torch.Tensor, sample_rate: int, path: str | os.PathLike, title: str = "") -> Path:
@@ -93,7 +99,7 @@ th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
 def write_report(
     out_dir: str | os.PathLike,
     title: str,
-    sections: list[ReportSection],
+    sections: list[Section],
     tables: dict[str, list[dict[str, str]]] | None = None,
     notes: str = "",
 ) -> Path:

@@ -137,7 +137,7 @@ def mono_codec_and_files(codec_dir: str, corpus: str, split: str, max_files: int
     """A saved codec in eval mode (SystemExit naming `script` unless it is mono) and the files of
     `corpus`/`split` that `pick_files` scores (>= 1 s)."""
     from codec import Codec
-    from rvqlm.corpus import corpus_files
+    from rvqlm.corpora.folder import corpus_files
 
     codec = Codec.from_pretrained(codec_dir).eval()
     if codec.channels != 1:

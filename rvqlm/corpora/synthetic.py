@@ -9,10 +9,6 @@ Layout written (the built-in corpus's, so every corpus reader takes it)::
     OUT/{train,valid,test}/LEVEL/NAME.wav          the built-in corpus's files (decoded again)
     OUT/{train,valid}/VOICE/LEVEL-NAME.wav         the same line in a synthetic voice
     OUT/{train,valid,test}/metadata.jsonl          text, text_en and speaker (VOICE for synthetic files)
-
-A synthetic file's row also holds `alignment`, where in its text each moment is
-(`rvqlm.espeak_align`: [[seconds, byte], ...] from espeak-ng's own events), which a conditioned LM's
-guided attention follows in training instead of the diagonal.
 """
 
 from __future__ import annotations
@@ -24,14 +20,13 @@ import subprocess
 from pathlib import Path
 
 import soundfile as sf
-from tqdm import tqdm
 import torch
 import torchaudio
 
 from codec.audio import AudioError, load_audio
-from rvqlm.espeak_align import alignment
-from rvqlm.corpus import DEFAULT_CORPUS_DIR, METADATA, SPLITS, CorpusError, CorpusFile, _read_meta, _write_if_changed, \
-    write_corpus
+from rvqlm.corpora.fillets import DEFAULT_CORPUS_DIR
+from rvqlm.corpora.folder import METADATA, SPLITS, CorpusError, CorpusFile, read_corpus_json, write_corpus, \
+    write_if_changed
 
 DEFAULT_SYNTHETIC_DIR = Path("data/fillets-synth-cs-16k")
 SYNTHETIC_VERSION = 1
@@ -78,10 +73,10 @@ def prepare_synthetic(out_dir: str | os.PathLike = DEFAULT_SYNTHETIC_DIR, corpus
     """Write the corpus of the module docstring from a prepared built-in corpus (with its
     metadata.jsonl) into `out_dir`; resumable, and a folder made from other settings is refused."""
     corpus, out = Path(corpus_dir), Path(out_dir)
-    meta = _read_meta(corpus)
+    meta = read_corpus_json(corpus)
     rows = {split: _rows(corpus, split) for split in SPLITS}
     if not any(r.get("text") for split in ("train", "valid") for r in rows[split]):
-        raise CorpusError(f"{corpus} has no transcripts (metadata.jsonl with text); run `rvqlm corpus prepare` with "
+        raise CorpusError(f"{corpus} has no transcripts (metadata.jsonl with text); run `rvqlm corpus prepare fillets` with "
                           "Debian's fillets-ng-data installed")
     unknown = sorted(set(voices) - set(VOICES))
     if unknown:
@@ -91,8 +86,6 @@ def prepare_synthetic(out_dir: str | os.PathLike = DEFAULT_SYNTHETIC_DIR, corpus
                 "voices": {v: list(VOICES[v]) for v in voices}, "version": SYNTHETIC_VERSION}
     files = [CorpusFile(e["split"], e["level"], corpus / e["path"], e["path"]) for e in meta["files"]]
     spoken, out_rows = {}, {split: list(rows[split]) for split in SPLITS}
-    known = {(split, r["file_name"], r.get("text")): r["alignment"] for split in SPLITS
-             for r in _rows(out, split) if r.get("alignment")}
     for split in ("train", "valid"):
         for row in rows[split]:
             if not row.get("text"):
@@ -104,12 +97,7 @@ def prepare_synthetic(out_dir: str | os.PathLike = DEFAULT_SYNTHETIC_DIR, corpus
                 files.append(CorpusFile(split, voice, source, relpath))
                 name = relpath.split("/", 1)[1]
                 out_rows[split].append({"file_name": name, "text": row["text"], "text_en": row.get("text_en", ""),
-                                        "speaker": voice, "alignment": known.get((split, name, row["text"]))})
-
-    todo = [r for split in ("train", "valid") for r in out_rows[split] if r.get("speaker") in VOICES
-            and r["alignment"] is None]
-    for r in tqdm(todo, desc="aligning synthetic lines", unit="line", disable=not progress or not todo):
-        r["alignment"] = alignment(r["text"], *VOICES[r["speaker"]])
+                                        "speaker": voice})
 
     def decode(source: Path, sample_rate: int) -> torch.Tensor:
         if source in spoken:
@@ -124,5 +112,5 @@ def prepare_synthetic(out_dir: str | os.PathLike = DEFAULT_SYNTHETIC_DIR, corpus
         lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in out_rows[split]
                  if f"{split}/{r['file_name']}" in kept]
         if lines:
-            _write_if_changed(out / split / METADATA, "".join(lines))
+            write_if_changed(out / split / METADATA, "".join(lines))
     return out

@@ -1,6 +1,6 @@
 """The demo's foreign-speaker clips: held-out lines of speakers the codec never trained on.
 
-They come from the voices corpus's test split (rvqlm/voices.py: ru-RU Ivrvoice, en-US and es-MX
+They come from the voices corpus's test split (rvqlm/corpora/voices.py: ru-RU Ivrvoice, en-US and es-MX
 Allison; `make voices`). Each clip is one row of the page: the original, ours at N_c = 4 and
 N_c = 8 (2 and 4 kbps for the shipped codec) and Opus at 6 kbps, each decoded clip aligned to the
 original and scored against it (STOI, wideband PESQ) and alone (DNSMOS OVRL; the original's own
@@ -18,31 +18,20 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from rvqlm.metrics import align, dnsmos, estimate_lag, have_package, score
-from rvqlm.report import ReportClip, write_clip
-from rvqlm.roundtrips import OPUS_FLOOR_KBPS, SAMPLE_RATE, Roundtrip, opus_roundtrip, ours_roundtrip
+from rvqlm.quality.metrics import align, dnsmos, estimate_lag, have_package, score
+from rvqlm.demo.report import ReportClip, Section, write_clip
+from rvqlm.quality.roundtrips import OPUS_FLOOR_KBPS, SAMPLE_RATE, Roundtrip, opus_roundtrip, ours_roundtrip
 
 TITLE = "Foreign speakers"
 TABLE = "Foreign speakers (voices corpus, test split)"
 N_Q = (4, 8)  # our codebook counts shown
 MIN_SECONDS, MAX_SECONDS = 3.0, 8.0
 SCORES = {"STOI": ("pystoi",), "PESQ-WB": ("pesq",), "DNSMOS OVRL": ("speechmos", "onnxruntime")}
-
-
-@dataclass
-class ForeignClips:
-    """The section: its description (the one-line hint when there are no clips), rows of clips
-    (original, ours at each N_c, Opus) and the table of their scores (one row per clip and system)."""
-
-    description: str
-    rows: list[list[ReportClip]] = field(default_factory=list)
-    table: list[dict[str, str]] = field(default_factory=list)
 
 
 def voices_hint(voices_dir: str | Path) -> str | None:
@@ -61,7 +50,7 @@ def pick_foreign_clips(voices_dir: str | Path, n: int, min_seconds: float = MIN_
     each speaker's (sorted by name) first such file in sorted order, then each one's second, and so
     on, so that n >= the number of speakers shows every speaker. CorpusError if none fits."""
     from codec.audio import audio_info
-    from rvqlm.corpus import CorpusError, corpus_files
+    from rvqlm.corpora.folder import CorpusError, corpus_files
 
     voices_dir = Path(voices_dir)
     by_speaker: dict[str, list[Path]] = {}
@@ -88,10 +77,11 @@ def opus_missing() -> str | None:
 
 
 def foreign_speaker_clips(codec, voices_dir: str | Path, n: int, out: Path,
-                          say: Callable[[str], None] = print) -> ForeignClips:
+                          say: Callable[[str], None] = print) -> Section:
     """Up to `n` foreign-speaker clips (`pick_foreign_clips`) through `codec` (mono) and Opus 6 kbps,
     written under `out` (audio/foreignI-*.wav, img/foreignI-*.png) and scored; `say` gets the hint
-    when there is no voices corpus, or the time the clips took."""
+    when there is no voices corpus, or the time the clips took. Each row: the original, ours at each
+    N_c, Opus; the table: one row per clip and system."""
     why_not = voices_hint(voices_dir)
     if why_not is None and n < 1:
         why_not = "Foreign-speaker clips left out (0 asked for)."
@@ -99,11 +89,11 @@ def foreign_speaker_clips(codec, voices_dir: str | Path, n: int, out: Path,
         why_not = f"Foreign-speaker clips left out: the codec has {codec.channels} channels; they score mono codecs."
     if why_not is not None:
         say(why_not)
-        return ForeignClips(why_not)
+        return Section(TITLE, why_not, table_title=TABLE)
     wall, cpu = time.perf_counter(), time.process_time()
     files = pick_foreign_clips(voices_dir, n)
     no_opus = opus_missing()
-    done = ForeignClips("")
+    done = Section(TITLE, "", table_title=TABLE)
     with tempfile.TemporaryDirectory(prefix="rvqlm_foreign_") as tmp:
         for i, path in enumerate(files):
             clips, rows = _foreign_row(codec, path, Path(voices_dir), f"foreign{i + 1}", out, Path(tmp), no_opus)

@@ -2,18 +2,19 @@
 
 Its stages, each a function a user can also call:
 
-1. `prepare_corpus` (rvqlm/corpus.py): the built-in corpus (Czech speech, split by level);
+1. `prepare_corpus` (rvqlm/corpora/fillets.py): the built-in corpus (Czech speech, split by level);
 2. `load_codec`, `reconstruct`: held-out test lines through the shipped codec at several bitrates,
-   and `foreign_speaker_clips` (rvqlm/foreign_clips.py): lines of speakers it never trained on
+   and `foreign_speaker_clips` (rvqlm/demo/foreign_clips.py): lines of speakers it never trained on
    (the voices corpus's test split, when `make voices` has prepared it) against Opus 6 kbps;
 3. `tokenize_corpus`: the corpus as codec tokens (resumable: a second run reuses them);
 4. `demo_lm`: the shipped LM fine-tuned for a few minutes (or a small LM trained when it does not
    fit the codec, or the shipped LM as it is), held-out NLL on the valid split;
 5. `continue_prompts`: held-out prompts continued by the LM, decoded by the codec, and
-   `say_it_clips` (rvqlm/say_it.py): held-out lines said in both fish voices by the text- and
+   `say_it_clips` (rvqlm/demo/say_it.py): held-out lines said in both fish voices by the text- and
    speaker-conditioned LM, when one fits the codec;
-6. `write_demo_report`: everything in `samples/` with a listening report (`samples/index.html`)
-   and its tables in `metrics.json`.
+6. `write_demo_report`: everything in `runs/demo/` (untracked) with a listening report
+   (`index.html`) and its tables in `metrics.json`; `--samples samples` regenerates the committed
+   example report under `samples/` on purpose.
 
 Every stage reads what the previous one wrote, and every file lands atomically.
 """
@@ -22,24 +23,18 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rvqlm.foreign_clips import TABLE as FOREIGN_TABLE
-from rvqlm.foreign_clips import TITLE as FOREIGN_TITLE
-from rvqlm.foreign_clips import ForeignClips, foreign_speaker_clips
-from rvqlm.report import ReportClip, write_clip
-from rvqlm.masked_demo import TABLE as MASKED_TABLE
-from rvqlm.masked_demo import TITLE as MASKED_TITLE
-from rvqlm.masked_demo import MaskedSection, masked_continuations
-from rvqlm.say_it import TABLE as SAY_IT_TABLE
-from rvqlm.say_it import TITLE as SAY_IT_TITLE
-from rvqlm.say_it import SayIt, say_it_clips
-from rvqlm.voices import DEFAULT_VOICES_DIR
+from rvqlm.demo.foreign_clips import foreign_speaker_clips
+from rvqlm.demo.masked import masked_continuations
+from rvqlm.demo.report import Section, write_clip
+from rvqlm.demo.say_it import say_it_clips
+from rvqlm.corpora.voices import DEFAULT_VOICES_DIR
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED_CODEC = REPO / "models" / "codec-speech-16k"
 SHIPPED_LM = REPO / "models" / "lm-speech-16k"
 SHIPPED_CONDITIONED_LM = REPO / "models" / "lm-speech-conditioned-16k"
@@ -50,7 +45,7 @@ FINETUNE_LM_RECIPE = REPO / "recipes" / "lm_speech.yaml"  # the shipped LM's own
 
 @dataclass
 class DemoSettings:
-    samples_dir: Path = REPO / "samples"
+    samples_dir: Path = REPO / "runs" / "demo"  # untracked; REPO / "samples" holds the committed example report
     work_dir: Path = REPO / "data" / "demo"
     corpus_dir: Path = REPO / "data" / "fillets-cs-16k"
     corpus_files_per_split: int | None = None  # a quick subset: the first N files of each split
@@ -75,14 +70,6 @@ class DemoSettings:
     masked_lm: Path = SHIPPED_MASKED_LM  # the masked-LM continuations, when it fits the codec
 
 
-@dataclass
-class Samples:
-    """Clips for the page (rows shown side by side) and the table of their figures."""
-
-    rows: list[list[ReportClip]] = field(default_factory=list)
-    table: list[dict[str, str]] = field(default_factory=list)
-
-
 class Narrator:
     """Prints each step with the minutes since the demo started."""
 
@@ -99,7 +86,8 @@ class Narrator:
 def run_demo(s: DemoSettings = DemoSettings()) -> Path:
     """Run every stage; returns the path of the listening report."""
     from lm.training import held_out_report
-    from rvqlm.corpus import corpus_files, corpus_subset, prepare_corpus
+    from rvqlm.corpora.fillets import prepare_corpus
+    from rvqlm.corpora.folder import corpus_files, corpus_subset
 
     say = Narrator()
     torch.manual_seed(s.seed)
@@ -134,7 +122,7 @@ def run_demo(s: DemoSettings = DemoSettings()) -> Path:
                         say=say)
 
     say("6/6 writing the listening report")
-    page = write_demo_report(s, codec, init, recon, foreign, continuations, said, held_out, say.minutes(), masked)
+    page = write_demo_report(s, codec, init, [recon, foreign, continuations, masked, said], held_out, say.minutes())
     say(f"done in {say.minutes():.1f} min: open {page}")
     return page
 
@@ -167,7 +155,7 @@ def load_codec(codec_dir: Path):
     return Codec.from_pretrained(codec_dir).eval()
 
 
-def reconstruct(codec, prompts: list[Path], out: Path) -> Samples:
+def reconstruct(codec, prompts: list[Path], out: Path) -> Section:
     """Each prompt file and its reconstructions with 1, N_c / 2 and N_c codebooks, with their bitrate,
     mel distance and SI-SDR."""
     from codec.audio import load_audio
@@ -175,7 +163,8 @@ def reconstruct(codec, prompts: list[Path], out: Path) -> Samples:
 
     sr = codec.sample_rate
     ladder = sorted({1, max(1, codec.n_codebooks // 2), codec.n_codebooks})
-    done = Samples()
+    done = Section("Codec reconstructions", "Held-out lines through the codec at several bitrates.",
+                   table_title="Reconstruction of held-out speech")
     for i, f in enumerate(prompts):
         wav = load_audio(f, sr, codec.channels)  # [C, S]
         name = f"prompt{i + 1}"
@@ -260,7 +249,7 @@ def train_demo_lm(s: DemoSettings, tokens_dir: Path, run_dir: Path, init: Path |
     return pretrained
 
 
-def continue_prompts(s: DemoSettings, codec, model, prompts: list[Path], out: Path) -> Samples:
+def continue_prompts(s: DemoSettings, codec, model, prompts: list[Path], out: Path) -> Section:
     """The first `s.prompt_seconds` of each prompt file (as codec tokens) continued by `model` for
     `s.continuation_seconds`, with its real-time factor and the model's NLL of what it sampled."""
     from codec.audio import load_audio
@@ -270,7 +259,8 @@ def continue_prompts(s: DemoSettings, codec, model, prompts: list[Path], out: Pa
     n_prompt_frames = int(s.prompt_seconds * codec.frame_rate)
     n_new = int(s.continuation_seconds * codec.frame_rate)
     gen = torch.Generator().manual_seed(s.seed)
-    done = Samples()
+    done = Section("LM continuations", "The first seconds of each held-out line are the prompt; the rest is "
+                   f"sampled ({_sampling_words(s)}).", table_title="Continuations")
     for i, f in enumerate(prompts):
         wav = load_audio(f, sr, codec.channels)
         with torch.inference_mode():
@@ -295,32 +285,20 @@ def continue_prompts(s: DemoSettings, codec, model, prompts: list[Path], out: Pa
     return done
 
 
-def write_demo_report(s: DemoSettings, codec, init: Path | None, recon: Samples, foreign: ForeignClips,
-                      continuations: Samples, said: SayIt, held_out: dict, minutes: float,
-                      masked: MaskedSection | None = None) -> Path:
+def write_demo_report(s: DemoSettings, codec, init: Path | None, sections: list[Section], held_out: dict,
+                      minutes: float) -> Path:
     """`index.html` (notes, tables, clips) and `metrics.json` (the tables) in `s.samples_dir`."""
-    from rvqlm.report import ReportSection, write_report
+    from rvqlm.demo.report import write_report
     from rvqlm_core.atomic import atomic_write_text
 
     out = Path(s.samples_dir)
-    tables = {"Reconstruction of held-out speech": recon.table,
-              **({FOREIGN_TABLE: foreign.table} if foreign.table else {}), "Continuations": continuations.table,
-              **({MASKED_TABLE: masked.table} if masked and masked.table else {}),
-              **({SAY_IT_TABLE: said.table} if said.table else {}),
+    tables = {**{x.table_title: x.table for x in sections if x.table},
               "Held-out negative log-likelihood, valid split (nats/token)": [
                   {"codebook": str(c), "LM": f"{v:.3f}", "unigram baseline": f"{u:.3f}"}
                   for c, (v, u) in enumerate(zip(held_out["nll_per_codebook"], held_out["unigram_nll_per_codebook"]))]}
     notes = (f"Built-in corpus: Czech voice acting (fillets-ng-data-cs, GPL-2+), prompts from the held-out test "
              f"split. Codec: {Path(s.codec_dir).name}, {codec.n_codebooks} x {codec.codebook_size} codes at "
              f"{codec.frame_rate:g} Hz. LM: {_lm_words(s, init)}. Demo wall time {minutes:.1f} min.")
-    sections = [
-        ReportSection("Codec reconstructions", "Held-out lines through the codec at several bitrates.", recon.rows),
-        ReportSection(FOREIGN_TITLE, foreign.description, foreign.rows),
-        ReportSection("LM continuations", "The first seconds of each held-out line are the prompt; the rest is "
-                      f"sampled ({_sampling_words(s)}).", continuations.rows),
-        *([ReportSection(MASKED_TITLE, masked.description, masked.rows)] if masked else []),
-        ReportSection(SAY_IT_TITLE, said.description, said.rows),
-    ]
     page = write_report(out, "rvqlm demo: speech codec and LM continuations", sections, tables, notes)
     atomic_write_text(out / "metrics.json", json.dumps(tables, indent=2) + "\n")
     return page

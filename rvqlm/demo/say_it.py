@@ -15,12 +15,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from rvqlm.report import ReportClip, write_clip
+from rvqlm.demo.report import ReportClip, Section, write_clip
 
 TITLE = "Say it"
 TABLE = "Say it (held-out lines, conditioned LM)"
@@ -29,20 +28,10 @@ MIN_SECONDS, MAX_SECONDS = 1.5, 6.0
 RECIPE = "rvqlm train-lm --config recipes/lm_speech.yaml --config recipes/lm_speech_conditioned.yaml"
 
 
-@dataclass
-class SayIt:
-    """The section: its description (the one-line hint when there are no clips), rows of clips (the
-    real recording, then each voice) and the table of the generated clips."""
-
-    description: str
-    rows: list[list[ReportClip]] = field(default_factory=list)
-    table: list[dict[str, str]] = field(default_factory=list)
-
-
 def conditioned_lm_hint(lm_dir: str | Path, codec) -> str | None:
     """None when `lm_dir` holds a conditioned LM of `codec`'s tokens that knows both VOICES, else the
     one line saying why the section is left out and how to get the LM."""
-    how = (f"tokenize the folder of `rvqlm corpus prepare --synthetic` with this codec, train one with `{RECIPE}` "
+    how = (f"tokenize the folder of `rvqlm corpus prepare synthetic` with this codec, train one with `{RECIPE}` "
            "and give its pretrained/ folder with --conditioned-lm")
     config_path = Path(lm_dir) / "config.json"
     if not config_path.is_file():
@@ -78,10 +67,11 @@ def pick_lines(corpus: str | Path, n: int, max_bytes: int) -> list[tuple[Path, s
 
 
 def say_it_clips(codec, lm_dir: str | Path, corpus: str | Path, n: int, out: Path, *, cfg_scale: float = 3.0,
-                 seed: int = 1, say: Callable[[str], None] = print) -> SayIt:
+                 seed: int = 1, say: Callable[[str], None] = print) -> Section:
     """Up to `n` held-out lines (`pick_lines`) generated in both VOICES by the conditioned LM at
     `lm_dir` and decoded by `codec`, written under `out` (audio/sayitI-*.wav, img/sayitI-*.png); `say`
-    gets the hint when the section is left out, or the time it took."""
+    gets the hint when the section is left out, or the time it took. Each row: the real recording,
+    then each voice; the table: the generated clips."""
     from lm import MultiCodebookLM
     from lm.alignment import reads_in_order
 
@@ -95,13 +85,13 @@ def say_it_clips(codec, lm_dir: str | Path, corpus: str | Path, n: int, out: Pat
                        f"with a text spoken by {' or '.join(VOICES)}.")
     if why_not is not None:
         say(why_not)
-        return SayIt(why_not)
+        return Section(TITLE, why_not, table_title=TABLE)
     wall = time.perf_counter()
-    done = SayIt(f"Held-out lines of the test split, each generated from its text alone (no audio prompt) in "
-                 f"both voices by {Path(lm_dir).name}, classifier-free guidance {cfg_scale:g}, "
-                 f"{'reading the text in order (monotonic reading), ' if reads_in_order(model.cfg, None) else ''}"
-                 "plain sampling; "
-                 "the real recording first. Intelligibility is not expected from 75 minutes of speech.")
+    done = Section(TITLE, f"Held-out lines of the test split, each generated from its text alone (no audio prompt) "
+                          f"in both voices by {Path(lm_dir).name}, classifier-free guidance {cfg_scale:g}, "
+                          f"{'reading the text in order (monotonic reading), ' if reads_in_order(model.cfg, None) else ''}"
+                          "plain sampling; the real recording first. Intelligibility is not expected from 75 minutes "
+                          "of speech.", table_title=TABLE)
     for i, (path, text, speaker) in enumerate(lines):
         clips, rows = _say_line(model, codec, path, text, speaker, f"sayit{i + 1}", out, cfg_scale, seed + i)
         done.rows.append(clips)

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from codec.audio import AudioError, load_audio
-from rvqlm.corpus import CorpusError, CorpusFile, write_corpus
+from rvqlm.corpora.folder import CorpusError, CorpusFile, write_corpus
 
 ASTERISK_SOUNDS = Path(os.environ.get("RVQLM_ASTERISK_DIR", "/usr/share/asterisk/sounds"))
 HEDGEWARS_VOICES = Path(os.environ.get("RVQLM_HEDGEWARS_DIR", "/usr/share/games/hedgewars/Data/Sounds/voices"))

@@ -1,0 +1,1 @@
+"""Quality measures of decoded and generated speech (metrics.py) and reference-codec round trips."""
