@@ -204,7 +204,7 @@ class CodecDataModule(L.LightningDataModule):
             folder = Path(corpus) / split
             if not folder.is_dir():
                 raise FileNotFoundError(f"{corpus} has no {split}/ folder: corpus_dir must be split into train/ "
-                                        "and valid/ folders (`rvqlm corpus prepare` makes one)")
+                                        "and valid/ folders (`rvqlm corpus prepare fillets` makes one)")
             files += list_audio_files(folder)
         return files
 
