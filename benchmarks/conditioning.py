@@ -106,7 +106,7 @@ def nll_by_file(model, shards, entries: list[int], texts: list[str], speakers: l
     """Summed code NLL and target counts per file and codebook ([F, N_c] each) of the files `entries`
     under the given conditions (one text and speaker per file; the text on each file's first window),
     then the same two over each file's first `head_frames` frames only."""
-    cfg = model.cfg
+    cfg = model.config
     window = cfg.max_frames
     spans = [(f, start, min(window, shards.entries[e].n_frames - start))
              for f, e in enumerate(entries) for start in range(0, shards.entries[e].n_frames, window)]
@@ -143,7 +143,7 @@ def conditioning_gain(model, shards, files, voices: tuple[str, str], n: int, see
     rng = np.random.default_rng(seed)
     texts, speakers = [files.texts[i] for i in keep], [files.speakers[i] for i in keep]
     variants = {"true": (texts, speakers), "texts shuffled": (shuffled(texts, rng), speakers),
-                "speakers swapped": (texts, swapped(speakers, voices, model.cfg.condition.speakers, rng)),
+                "speakers swapped": (texts, swapped(speakers, voices, model.config.condition.speakers, rng)),
                 "null": ([""] * len(keep), [""] * len(keep))}
     entries = [files.entry_indices[i] for i in keep]
     per_file = {}
@@ -342,14 +342,14 @@ def load_pair(args):
     from rvqlm_core.token_shards import TokenShards
 
     model = MultiCodebookLM.from_pretrained(args.lm).eval()
-    if model.cfg.condition is None:
+    if model.config.condition is None:
         raise ValueError(f"{args.lm} is not a conditioned LM (no condition encoder): nothing to measure; train "
                          "one with recipes/lm_speech_conditioned.yaml")
     for v in args.voices:
-        model.cfg.condition.speaker_id(v)  # ValueError naming the known speakers
+        model.config.condition.speaker_id(v)  # ValueError naming the known speakers
     codec = Codec.from_pretrained(args.codec).eval()
     shards = TokenShards.open(args.tokens)
-    check_fingerprint(model.cfg.codec_fingerprint, shards.fingerprint, args.tokens)
+    check_fingerprint(model.config.codec_fingerprint, shards.fingerprint, args.tokens)
     if not codec.accepts_tokens(shards.fingerprint):
         raise ValueError(f"codec mismatch: {args.tokens} holds tokens of codec {str(shards.fingerprint)[:16]}, "
                          f"the given codec's are {codec.token_fingerprint()[:16]}")
@@ -380,7 +380,7 @@ def run(args) -> dict:
                                "seconds_taken": time.perf_counter() - t0}
     from lm.alignment import reads_in_order
 
-    monotonic = reads_in_order(model.cfg, args.monotonic)
+    monotonic = reads_in_order(model.config, args.monotonic)
     bytes_r = pearson(real["seconds"], [len(t.encode("utf-8")) for t in texts])
     return {"gain": gain, "lines": [files.relpaths[i] for i in lines], "texts": texts, "monotonic": monotonic,
             "real_seconds_vs_text_bytes_r": bytes_r,

@@ -54,7 +54,7 @@ def load_sequences(lm: MultiCodebookLM, tokens_dir: str, split: str, split_by: s
                    n_steps: int) -> tuple[torch.Tensor, str]:
     """-> codes [N, N_c, T] of N <= n_files sequences whose pattern sequence is n_steps long, and a note
     on where they came from."""
-    cfg, pattern = lm.cfg, lm.pattern
+    cfg, pattern = lm.config, lm.pattern
     shards = TokenShards.open(tokens_dir)
     check_fingerprint(cfg.codec_fingerprint, shards.fingerprint, tokens_dir)
     if (shards.n_codebooks, shards.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
@@ -108,7 +108,7 @@ class StepScores:
 
 def score(lm: MultiCodebookLM, codes: torch.Tensor, chunk: int) -> StepScores:
     """Teacher-force codes [N, N_c, T] through the three decoders and score every step."""
-    cfg, w = lm.cfg, lm.cfg.max_seq_len
+    cfg, w = lm.config, lm.config.max_seq_len
     seq, valid = lm.pattern.build(codes, None, cfg.pad_id)  # [N, N_c, S]
     inputs = torch.cat([torch.full_like(seq[..., :1], cfg.bos_id), seq[..., :-1]], dim=-1)
     n, _, n_steps = seq.shape
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         lm = MultiCodebookLM.from_pretrained(args.lm).eval()
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}") from None
-    cfg, w = lm.cfg, lm.cfg.max_seq_len
+    cfg, w = lm.config, lm.config.max_seq_len
     if lm.rope is None:
         raise SystemExit(f"error: the ring caches need a RoPE LM; {args.lm} uses {cfg.pos} positions")
     after = w if args.after is None else args.after

@@ -77,7 +77,7 @@ def continuation_nll(model, codes: torch.Tensor, start: int) -> torch.Tensor:
     calls. Longer than the LM's context, only the last `max_frames` frames are scored (the
     earlier ones are their context).
     """
-    cfg = model.cfg
+    cfg = model.config
     t = codes.shape[-1]
     if not 0 <= start < t:
         raise ValueError(f"start must be in 0..{t - 1}, got {start}")
@@ -158,15 +158,15 @@ def check_pairing(model, codec, tokens_dir: str) -> None:
     from rvqlm_core.token_shards import TokenShards
 
     fp = codec.token_fingerprint()
-    if model.cfg.codec_fingerprint is not None and not codec.accepts_tokens(model.cfg.codec_fingerprint):
-        raise ValueError(f"codec mismatch: the LM was trained on tokens of codec {model.cfg.codec_fingerprint[:16]}, "
+    if model.config.codec_fingerprint is not None and not codec.accepts_tokens(model.config.codec_fingerprint):
+        raise ValueError(f"codec mismatch: the LM was trained on tokens of codec {model.config.codec_fingerprint[:16]}, "
                          f"the given codec's tokens are {fp[:16]}")
     tokens_fp = TokenShards.open(tokens_dir).fingerprint
     if not codec.accepts_tokens(tokens_fp):
         raise ValueError(f"codec mismatch: {tokens_dir} holds tokens of codec {str(tokens_fp)[:16]}, "
                          f"the given codec is {fp[:16]}")
-    if (model.cfg.n_codebooks, model.cfg.codebook_size) != (codec.n_codebooks, codec.codebook_size):
-        raise ValueError(f"the LM models N_c={model.cfg.n_codebooks}, |V|={model.cfg.codebook_size}; the codec has "
+    if (model.config.n_codebooks, model.config.codebook_size) != (codec.n_codebooks, codec.codebook_size):
+        raise ValueError(f"the LM models N_c={model.config.n_codebooks}, |V|={model.config.codebook_size}; the codec has "
                          f"N_c={codec.n_codebooks}, |V|={codec.codebook_size}")
 
 

@@ -85,7 +85,7 @@ def time_cached(model: MultiCodebookLM, batch: int, frames: int) -> tuple[float,
 @torch.inference_mode()
 def recompute_step_time(model: MultiCodebookLM, batch: int, length: int, repeats: int = 2) -> float:
     """Seconds for one no-cache step at prefix length `length`: full forward + sampling the last position."""
-    cfg = model.cfg
+    cfg = model.config
     tokens = torch.randint(0, cfg.codebook_size, (batch, cfg.n_codebooks, length))
     g = torch.Generator().manual_seed(0)
     best = float("inf")
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Per-frame latency at batch 1 against the memory-bandwidth bound (steady state: 1 frame = 1 step).
     if "1" in results["batches"]:
-        cfg = model.cfg
+        cfg = model.config
         mean_context = (steps + 1) / 2
         kv_bytes = 2 * cfg.n_layers * cfg.kv_heads * cfg.head_dim * 4 * mean_context  # K and V, fp32
         step = results["batches"]["1"]["cache_s"] / steps

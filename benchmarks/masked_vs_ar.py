@@ -61,7 +61,7 @@ def memory_bandwidth(n_bytes: int = 1 << 27, repeats: int = 3) -> float:
 
 def matmul_params(model) -> int:
     """Parameters used in matrix products per frame: the blocks' matrices and every head."""
-    cfg = model.cfg
+    cfg = model.config
     blocks = sum(p.numel() for p in model.blocks.parameters() if p.dim() == 2)
     return blocks + cfg.n_codebooks * cfg.n_outputs * cfg.d_model
 
@@ -81,7 +81,7 @@ def ar_calls(ar, prompt_frames: int, new_frames: int) -> int:
     """Sequential AR model calls: one per pattern step after the prompt (the prefill is the first)."""
     from lm.generate import plan_generation
 
-    plan = plan_generation(ar, torch.zeros(1, ar.cfg.n_codebooks, prompt_frames, dtype=torch.long), new_frames)
+    plan = plan_generation(ar, torch.zeros(1, ar.config.n_codebooks, prompt_frames, dtype=torch.long), new_frames)
     return plan.n_steps - plan.first_step
 
 
@@ -107,8 +107,8 @@ def run_masked(masked, prompts: torch.Tensor, new_frames: int, args, seed: int, 
 def masked_variants(masked, total_frames: int, args) -> list[tuple[str, int]]:
     """("masked", its window) unless --no-chunked and, with --one-pass, ("masked 1 pass", the whole clip as one
     window)."""
-    return ([] if args.no_chunked else [("masked", masked.cfg.max_frames)]) + (
-        [("masked 1 pass", max(total_frames, masked.cfg.max_frames))] if args.one_pass else [])
+    return ([] if args.no_chunked else [("masked", masked.config.max_frames)]) + (
+        [("masked 1 pass", max(total_frames, masked.config.max_frames))] if args.one_pass else [])
 
 
 def masked_settings(masked, total_frames: int, args) -> list[tuple[str, list[int], int, float]]:
@@ -116,7 +116,7 @@ def masked_settings(masked, total_frames: int, args) -> list[tuple[str, list[int
     (--steps, its --sweep of level 0, --step-lists) x choice temperature (--choice-temperature, --choice-sweep)."""
     from lm.masked_generate import check_choice_temperature, steps_per_level
 
-    n_c = masked.cfg.n_codebooks
+    n_c = masked.config.n_codebooks
     base = steps_per_level(args.steps, n_c)
     lists = [base] + [[first, *base[1:]] for first in args.sweep if first != base[0]]
     lists += [s for s in (steps_per_level(x, n_c) for x in args.step_lists) if s not in lists]
@@ -131,7 +131,7 @@ def speed(ar, masked, prompts: torch.Tensor, new_frames: int, args, frame_rate: 
     from lm.masked_generate import model_calls, steps_per_level
 
     t0, seconds = prompts.shape[-1], new_frames / frame_rate
-    steps = steps_per_level(args.steps, masked.cfg.n_codebooks)
+    steps = steps_per_level(args.steps, masked.config.n_codebooks)
     runs = [("AR (KV cache)", ar, ar_calls(ar, t0, new_frames), 1,
              lambda p: run_ar(ar, p, new_frames, args, args.seed))]
     for name, window in masked_variants(masked, t0 + new_frames, args):
@@ -275,8 +275,8 @@ def load(args):
     from lm.families import load_lm
 
     ar, masked = load_lm(args.ar).eval(), load_lm(args.masked).eval()
-    if ar.cfg.family != "ar" or masked.cfg.family != "masked":
-        raise ValueError(f"--ar must be an AR LM and --masked a masked LM; got {ar.cfg.family} and {masked.cfg.family}")
+    if ar.config.family != "ar" or masked.config.family != "masked":
+        raise ValueError(f"--ar must be an AR LM and --masked a masked LM; got {ar.config.family} and {masked.config.family}")
     codec = Codec.from_pretrained(args.codec).eval()
     check_pairing(ar, codec, args.tokens)
     check_pairing(masked, codec, args.tokens)

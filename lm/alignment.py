@@ -138,8 +138,8 @@ class ReadingWindow:
             raise ValueError(f"the reading window needs linger >= 0 and patience >= 0 (or None); got {linger}, "
                              f"{patience}")
         self.attns = [block.cross_attn for block in model.blocks if block.cross_attn is not None]
-        self.heads, self.end_id = model.cfg.condition.guided_heads, model.cfg.end_id
-        if not model.cfg.condition.guided:
+        self.heads, self.end_id = model.config.condition.guided_heads, model.config.end_id
+        if not model.config.condition.guided:
             raise ValueError("the reading window needs an LM trained with guided attention "
                              "(condition.guided_attention > 0 and guided_heads > 0)")
         self.back, self.front, self.step, self.linger, self.patience = back, front, float(step), linger, patience

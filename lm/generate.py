@@ -98,7 +98,7 @@ class GenerationPlan:
 
 def check_prompt(model: DecodableLM, prompt_codes: Tensor) -> None:
     """Raise ValueError unless prompt_codes [B, N_c, T0] holds codes the model can be prompted with."""
-    cfg = model.cfg
+    cfg = model.config
     if not isinstance(prompt_codes, Tensor) or prompt_codes.dim() != 3 or prompt_codes.shape[1] != cfg.n_codebooks:
         shape = tuple(prompt_codes.shape) if isinstance(prompt_codes, Tensor) else type(prompt_codes).__name__
         raise ValueError(f"prompt codes must have shape [B, {cfg.n_codebooks}, T0], got {shape}")
@@ -120,7 +120,7 @@ def plan_generation(model: DecodableLM, prompt_codes: Tensor, max_new_frames: in
     check_prompt(model, prompt_codes)
     if isinstance(max_new_frames, bool) or not isinstance(max_new_frames, int) or max_new_frames < 0:
         raise ValueError(f"max_new_frames must be an integer >= 0, got {max_new_frames!r}")
-    cfg, pattern = model.cfg, model.pattern
+    cfg, pattern = model.config, model.pattern
     b, n_c, t0 = prompt_codes.shape
     total = t0 + max_new_frames
     codes = prompt_codes.new_zeros(b, n_c, total, dtype=torch.long)
@@ -166,13 +166,13 @@ def iter_decode(
     and decoding stops once every row has ended.
     Runs under the caller's grad mode; `generate` wraps it in inference_mode.
     """
-    cfg = model.cfg
+    cfg = model.config
     seq, forced = plan.seq, plan.forced
     n_steps, window = plan.n_steps, cfg.max_seq_len
     if plan.first_step >= n_steps:
         return
     inputs = _model_inputs(plan, cfg.bos_id)  # kept in step with seq: inputs[..., s + 1] = seq[..., s]
-    rope = model.cfg.pos == "rope"
+    rope = model.config.pos == "rope"
     cache = None
     if use_cache:
         ring = rope and n_steps > window
@@ -254,7 +254,7 @@ def generate(
     a row's end; ends: the row lengths known so far, prompt included), for `rvqlm generate --stream`.
     """
     check_sampling_args(temperature, top_k, top_p, greedy)
-    cfg, device = model.cfg, model.device
+    cfg, device = model.config, model.device
     _refuse_conditions(cfg, text, speaker, cfg_scale, speaker_cfg_scale, monotonic)
     if prompt_codes is None:
         prompt_codes = torch.zeros(_rows_asked(text, speaker, batch_size), cfg.n_codebooks, 0, dtype=torch.long)
@@ -300,7 +300,7 @@ def _bind_conditions(model, text, speaker, scales: tuple[float | None, float | N
     given = text is not None or speaker is not None
     scale = scales[0] if scales[0] is not None else 3.0 if given else 1.0
     return ConditionedDecoder(model, model.condition_inputs(text, speaker, plan.seq.shape[0]), scale,
-                              reads_in_order(model.cfg, monotonic), speaker_scale=scales[1])
+                              reads_in_order(model.config, monotonic), speaker_scale=scales[1])
 
 
 def _rows_asked(text, speaker, batch_size: int) -> int:

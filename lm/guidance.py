@@ -51,7 +51,7 @@ class ConditionedDecoder:
         self.batch_size = len(inputs)
         null = model.condition_encoder.null_inputs(len(inputs))
         if self.groups == 3:  # rows 0..B-1 conditional, B..2B-1 the speaker alone, 2B..3B-1 the null conditions
-            alone = inputs.nulled(model.cfg.condition.null_speaker, speaker=torch.zeros_like(inputs.speaker,
+            alone = inputs.nulled(model.config.condition.null_speaker, speaker=torch.zeros_like(inputs.speaker,
                                                                                               dtype=torch.bool))
             inputs = inputs.cat(alone).cat(null)
         elif self.groups == 2:  # rows 0..B-1 conditional, B..2B-1 the null conditions
@@ -61,8 +61,8 @@ class ConditionedDecoder:
 
     # what lm.generate reads of a model
     @property
-    def cfg(self):
-        return self.model.cfg
+    def config(self):
+        return self.model.config
 
     @property
     def pattern(self):

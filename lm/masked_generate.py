@@ -93,7 +93,7 @@ class _Decoder:
         self.stretch = stretch
         self.memory: CrossMemory | None = None
         self.scale = 1.0
-        if model.cfg.condition is None:
+        if model.config.condition is None:
             if text is not None or speaker is not None or cfg_scale is not None:
                 raise ValueError("this masked LM is not conditioned: text, speaker and cfg_scale need an LM trained "
                                  "with LMConfig.condition")
@@ -192,7 +192,7 @@ only for RoPE).
     MaskedStep. progress: a tqdm bar over the model calls."""
     check_sampling_args(temperature, top_k, top_p, greedy)
     choice_temperature = check_choice_temperature(choice_temperature)
-    cfg, device = model.cfg, model.device
+    cfg, device = model.config, model.device
     level_steps = steps_per_level(steps, cfg.n_codebooks)
     if prompt_codes is None:
         prompt_codes = torch.zeros(batch_size, cfg.n_codebooks, 0, dtype=torch.long)

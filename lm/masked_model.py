@@ -98,7 +98,7 @@ class MaskedLM(MultiCodebookLM):
     @property
     def mask_id(self) -> int:
         """Each codebook's mask token: the embedding row |V| + 1 (an AR LM's bos row)."""
-        return self.cfg.bos_id
+        return self.config.bos_id
 
     def forward(self, tokens: Tensor, cache=None, window: int | None = None, memory: CrossMemory | None = None,
                 frame_mask: Tensor | None = None, level: int | None = None, stretch: bool = False) -> Tensor:
@@ -116,7 +116,7 @@ class MaskedLM(MultiCodebookLM):
     def hidden_states(self, tokens: Tensor, memory: CrossMemory | None = None,
                       frame_mask: Tensor | None = None, stretch: bool = False) -> Tensor:
         """tokens [B, N_c, T] -> the final-norm outputs [B, T, d] of the bidirectional blocks."""
-        cfg = self.cfg
+        cfg = self.config
         if tokens.dim() != 3 or tokens.shape[1] != cfg.n_codebooks or tokens.shape[-1] == 0:
             raise ValueError(f"tokens must have shape [B, {cfg.n_codebooks}, T >= 1], got {tuple(tokens.shape)}")
         if tokens.dtype not in (torch.int64, torch.int32):
@@ -136,7 +136,7 @@ class MaskedLM(MultiCodebookLM):
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs per frame: 6 x the block matrices plus the one head a row is scored by, and attention."""
-        cfg = self.cfg
+        cfg = self.config
         s = cfg.max_seq_len if seq_len is None else seq_len
         matmul = sum(p.numel() for name, p in self.blocks.named_parameters()
                      if p.dim() == 2 and ".cross_attn.kv." not in name)
@@ -155,7 +155,7 @@ class MaskedLM(MultiCodebookLM):
         self._check_codes(codes, frame_mask)
         if frame_mask is None:
             frame_mask = torch.ones(codes.shape[0], codes.shape[-1], dtype=torch.bool, device=codes.device)
-        m = draw_masking(codes, frame_mask, self.mask_id, self.cfg.pad_id, generator, level=level, ratio=ratio,
+        m = draw_masking(codes, frame_mask, self.mask_id, self.config.pad_id, generator, level=level, ratio=ratio,
                          prefix_prob=prefix_prob)
         memory = None if condition is None else self.encode_condition(condition)
         h = self.hidden_states(m.inputs, memory, frame_mask if not bool(frame_mask.all()) else None)
@@ -163,7 +163,7 @@ class MaskedLM(MultiCodebookLM):
         logits = torch.bmm(h, weights.transpose(1, 2))  # [B, T, |V|]
         targets = codes.long().gather(1, m.level[:, None, None].expand(-1, 1, codes.shape[-1]))[:, 0]
         nll = F.cross_entropy(logits[m.hidden].float(), targets[m.hidden], reduction="none")
-        n_c = self.cfg.n_codebooks
+        n_c = self.config.n_codebooks
         row_level = m.level[:, None].expand_as(m.hidden)[m.hidden]
         nll_sum = torch.zeros(n_c, dtype=nll.dtype, device=nll.device).index_add(0, row_level, nll)
         count = torch.zeros(n_c, dtype=torch.long, device=nll.device).index_add(

@@ -42,8 +42,8 @@ def seeded_generator(device: torch.device, *key: Any) -> torch.Generator:
 def masked_warm_start(model: MaskedLM, start, source: str) -> list[str]:
     """Load LM `start` (masked, or AR differing only in family / pattern) into `model`; returns the fresh
     tensors (none). ValueError naming `source` and every other difference."""
-    allowed = ("family ", "pattern ") if start.cfg.family == "ar" else ()
-    differ = [d for d in architecture_differences(model.cfg, start.cfg) if not d.startswith(allowed)]
+    allowed = ("family ", "pattern ") if start.config.family == "ar" else ()
+    differ = [d for d in architecture_differences(model.config, start.config) if not d.startswith(allowed)]
     if differ:
         raise ValueError(f"init_from {source}: its LM differs from this recipe's in " + ", ".join(differ)
                          + " (a masked LM starts from an LM of the same architecture, AR or masked)")
@@ -118,7 +118,7 @@ def masked_nll(model: MaskedLM, windows: ValidWindows, ratio: float, seed: int =
     level q with level q hidden at `ratio`, finer levels hidden, coarser visible, no prefix (seeded by
     window batch and level): ([N_c] f64, [N_c] int64)."""
     model.eval()
-    n_c = model.cfg.n_codebooks
+    n_c = model.config.n_codebooks
     nll = torch.zeros(n_c, dtype=torch.float64)
     count = torch.zeros(n_c, dtype=torch.int64)
     for i, batch in enumerate(windows):
@@ -140,7 +140,7 @@ def masked_held_out_report(model: MaskedLM, tokens_dir: str, split: str = "valid
     and windows past its context."""
     if not 0.0 < ratio <= 1.0 or batch_size < 1:
         raise ValueError(f"need a mask ratio in (0, 1] and batch_size >= 1, got {ratio} and {batch_size}")
-    cfg = model.cfg
+    cfg = model.config
     _, files, window = held_out_files(cfg, tokens_dir, split, split_by, valid_fraction, window_frames)
     windows = ValidWindows(files, cfg.n_codebooks, window, batch_size, max_windows=max_windows,
                            conditions=cfg.condition is not None)

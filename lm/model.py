@@ -87,7 +87,7 @@ class MultiCodebookLM(nn.Module):
         if cfg.family != self.family:
             raise ValueError(f"this config is of the {cfg.family!r} LM family, not {self.family!r}: build or load "
                              "it with lm.load_lm (or the family's class, e.g. lm.masked_model.MaskedLM)")
-        self.cfg = cfg
+        self.config = cfg
         self.pattern: CodebookPattern = get_pattern(cfg.pattern, cfg.n_codebooks)
         # All N_c tables live in one embedding of N_c * (|V| + 2) rows; codebook c's table is the
         # slice starting at c * (|V| + 2) (see `codebook_table`). One gather then embeds all streams.
@@ -122,7 +122,7 @@ class MultiCodebookLM(nn.Module):
         projections that write into the residual stream scaled by 1 / sqrt(2 n_layers)."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=init_std(self.cfg.n_layers, residual=False))
+                nn.init.normal_(module.weight, std=init_std(self.config.n_layers, residual=False))
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
@@ -133,7 +133,7 @@ class MultiCodebookLM(nn.Module):
                     nn.init.zeros_(module.bias)
         for block in self.blocks:
             for proj in residual_projections(block):
-                nn.init.normal_(proj.weight, std=init_std(self.cfg.n_layers, residual=True))
+                nn.init.normal_(proj.weight, std=init_std(self.config.n_layers, residual=True))
         if self.condition_encoder is not None:
             self.condition_encoder.reset_voice()
             for block in self.condition_encoder.blocks:
@@ -144,17 +144,17 @@ class MultiCodebookLM(nn.Module):
 
     def codebook_table(self, c: int) -> Tensor:
         """Codebook c's embedding table W_E^(c): [|V| + 2, d] (a view of the shared weight)."""
-        rows = self.cfg.embedding_rows
+        rows = self.config.embedding_rows
         return self.token_embedding.weight[c * rows:(c + 1) * rows]
 
     def head_weights(self) -> Tensor:
         """[N_c, n_outputs, d]: head c gives logits h @ W[c]^T. Tied: each codebook's table without pad and bos."""
         if self.int8_head is not None:
-            return int8_head_weights(self.int8_head, self.cfg.n_codebooks)
+            return int8_head_weights(self.int8_head, self.config.n_codebooks)
         if self.head_weight is not None:
             return self.head_weight
-        w = rearrange(self.token_embedding.weight, "(c r) d -> c r d", c=self.cfg.n_codebooks)
-        return w[:, :self.cfg.n_outputs]
+        w = rearrange(self.token_embedding.weight, "(c r) d -> c r d", c=self.config.n_codebooks)
+        return w[:, :self.config.n_outputs]
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Trainable parameters (each shared tensor once). exclude_embeddings drops the token and learned
@@ -175,7 +175,7 @@ class MultiCodebookLM(nn.Module):
         A conditioned LM's cross-attention keys/values and its encoder run per source position,
         not per frame, and are left out (a text is a few hundred bytes, a window hundreds of frames).
         """
-        cfg = self.cfg
+        cfg = self.config
         s = cfg.max_seq_len if seq_len is None else seq_len
         active = cfg.moe_top_k / cfg.n_experts if cfg.n_experts else 1.0  # a position runs k of E experts
         matmul_params = sum(p.numel() * (active if ".ffn.experts." in name else 1.0)
@@ -204,7 +204,7 @@ class MultiCodebookLM(nn.Module):
         memory: a conditioned LM's encoder output for the B rows (`encode_condition` /
         `cross_memory`); None there means the null conditions. An unconditioned LM takes none.
         """
-        cfg = self.cfg
+        cfg = self.config
         if tokens.dim() != 3 or tokens.shape[1] != cfg.n_codebooks:
             raise ValueError(f"tokens must have shape [B, {cfg.n_codebooks}, S], got {tuple(tokens.shape)}")
         if tokens.dtype not in (torch.int64, torch.int32):
@@ -264,7 +264,7 @@ class MultiCodebookLM(nn.Module):
     def logits(self, h: Tensor) -> Tensor:
         """The N_c heads: final-norm states h [B, S, d] -> logits [B, N_c, S, n_outputs] (int8 heads in an int8 LM)."""
         if self.int8_head is not None:
-            return head_logits(self.int8_head, h, self.cfg.n_codebooks)
+            return head_logits(self.int8_head, h, self.config.n_codebooks)
         return torch.einsum("bsd,cvd->bcsv", h, self.head_weights().to(h.dtype))
 
     def _forward_past_sink_window(self, tokens: Tensor, cache: KVCache, memory: CrossMemory | None) -> Tensor:
@@ -292,9 +292,9 @@ class MultiCodebookLM(nn.Module):
     def condition_inputs(self, text, speaker, batch_size: int) -> ConditionInputs:
         """Texts and speaker names (one per row, one for all, or None) -> ConditionInputs on the model's
         device; ValueError naming what is allowed (see lm.conditioning.condition_inputs)."""
-        if self.cfg.condition is None:
+        if self.config.condition is None:
             raise ValueError("this LM is not conditioned (no condition encoder): it takes no text or speaker")
-        return condition_inputs(self.cfg.condition, text, speaker, batch_size).to(self.device)
+        return condition_inputs(self.config.condition, text, speaker, batch_size).to(self.device)
 
     def encode_condition(self, inputs: ConditionInputs | None, batch_size: int | None = None) -> CrossMemory:
         """Conditions [B] -> the encoder output CrossMemory (states [B, M, d], mask [B, M]); None: B
@@ -321,7 +321,7 @@ class MultiCodebookLM(nn.Module):
         sink=True (with ring=True) keeps position 0 (bos) in view for ever as an attention sink, shown
         to each query at the distance max_len - 1 it has in a training window (see lm.kv_cache).
         """
-        cfg = self.cfg
+        cfg = self.config
         max_len = cfg.max_seq_len if max_len is None else max_len
         if not isinstance(max_len, int) or not 1 <= max_len <= cfg.max_seq_len:
             raise ValueError(f"cache max_len must be in 1..max_seq_len={cfg.max_seq_len}, got {max_len!r}")
@@ -334,7 +334,7 @@ class MultiCodebookLM(nn.Module):
 
     # ---- likelihood ------------------------------------------------------------------------------
     def _check_codes(self, codes: Tensor, frame_mask: Tensor | None) -> None:
-        cfg = self.cfg
+        cfg = self.config
         if codes.dim() != 3 or codes.shape[1] != cfg.n_codebooks:
             raise ValueError(f"codes must have shape [B, {cfg.n_codebooks}, T], got {tuple(codes.shape)}")
         if codes.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
@@ -371,7 +371,7 @@ class MultiCodebookLM(nn.Module):
                    ends: Tensor | None, guide: bool) -> tuple[Tensor, Tensor, Tensor | None]:
         """token_nll, plus with `guide` the guided-attention loss of the same forward (lm.alignment)."""
         self._check_codes(codes, frame_mask)
-        cfg = self.cfg
+        cfg = self.config
         if cfg.condition is None and (condition is not None or ends is not None):
             raise ValueError("this LM is not conditioned: it takes no condition and no file ends")
         if ends is None:
@@ -399,7 +399,7 @@ class MultiCodebookLM(nn.Module):
         """codes [B, N_c, T] in 0..|V|-1, frame_mask [B, T] bool (False = padding, at row ends)
         -> LMLoss: mean next-token NLL over the valid targets of all codebooks (nats/token).
         condition, ends: a conditioned LM's (see `token_nll`); guide: lm.alignment's loss too (None: if training)."""
-        weighted = self.cfg.condition is not None and self.cfg.condition.guided
+        weighted = self.config.condition is not None and self.config.condition.guided
         nll, valid, guided = self._token_nll(codes, frame_mask, condition, ends, weighted and self.training
                                              if guide is None else guide)
         nll_sum, count = nll.sum(dim=(0, 2)), valid.sum(dim=(0, 2))
@@ -430,9 +430,9 @@ class MultiCodebookLM(nn.Module):
         its weights as stored (any other dtype: dequantized)."""
         state = float_state(self)
         if dtype in QUANTIZED_DTYPES:
-            return save_folder(path, LM_FORMAT, {"config": self.cfg.to_dict(), "weight_dtype": dtype},
+            return save_folder(path, LM_FORMAT, {"config": self.config.to_dict(), "weight_dtype": dtype},
                                quantized_state(state, lambda name: True))
-        return save_folder(path, LM_FORMAT, {"config": self.cfg.to_dict()}, stored_state(state, dtype))
+        return save_folder(path, LM_FORMAT, {"config": self.config.to_dict()}, stored_state(state, dtype))
 
     @classmethod
     def from_pretrained(cls, path: str | Path, map_location: str | torch.device = "cpu") -> "MultiCodebookLM":

@@ -117,11 +117,11 @@ def batch_conditions(model: MultiCodebookLM, batch: dict, ends: bool = True) -> 
     """The `loss` arguments of a batch's conditions for a conditioned LM ({} for an unconditioned
     one): condition (texts and speakers, "" = null; positions where the config follows alignments) and, with
     `ends`, the file ends."""
-    if model.cfg.condition is None:
+    if model.config.condition is None:
         return {}
     n = batch["codes"].shape[0]
     condition = model.condition_inputs([t or None for t in batch["text"]], [s or None for s in batch["speaker"]], n)
-    if batch.get("positions") is not None and model.cfg.condition.guided_alignment:  # guided attention (lm.alignment)
+    if batch.get("positions") is not None and model.config.condition.guided_alignment:  # guided attention (lm.alignment)
         condition = dataclasses.replace(condition, positions=batch["positions"].to(model.device))
     return {"condition": condition, "ends": batch["ends"] if ends else None}
 
@@ -315,8 +315,8 @@ def evaluate_nll(model: MultiCodebookLM, windows: ValidWindows, ends: bool = Fal
     A conditioned LM reads each window's conditions (windows built with conditions=True); its
     end-of-audio targets count only with `ends`, so by default the targets are the codes alone."""
     model.eval()
-    nll = torch.zeros(model.cfg.n_codebooks, dtype=torch.float64)
-    count = torch.zeros(model.cfg.n_codebooks, dtype=torch.int64)
+    nll = torch.zeros(model.config.n_codebooks, dtype=torch.float64)
+    count = torch.zeros(model.config.n_codebooks, dtype=torch.int64)
     for batch in windows:
         out = model.loss(batch["codes"].to(model.device), batch["frame_mask"].to(model.device),
                          **batch_conditions(model, batch, ends))
@@ -379,7 +379,7 @@ def held_out_report(model: MultiCodebookLM, tokens_dir: str, split: str = "valid
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    cfg = model.cfg
+    cfg = model.config
     shards, files, window = held_out_files(cfg, tokens_dir, split, split_by, valid_fraction, window_frames)
     windows = ValidWindows(files, cfg.n_codebooks, window, batch_size, conditions=cfg.condition is not None)
     with torch.inference_mode():

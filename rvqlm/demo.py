@@ -230,7 +230,7 @@ def demo_lm(s: DemoSettings, codec, tokens_dir: Path, init: Path | None):
     else:
         lm_dir = train_demo_lm(s, tokens_dir, Path(s.work_dir) / "lm", init)
     model = MultiCodebookLM.from_pretrained(lm_dir).eval()
-    if not codec.accepts_tokens(model.cfg.codec_fingerprint):
+    if not codec.accepts_tokens(model.config.codec_fingerprint):
         raise RuntimeError("the demo LM was trained on tokens of another codec")
     return model
 

@@ -61,10 +61,10 @@ def masked_continuations(codec, lm_dir: str | Path, prompts: list[Path], prompt_
         say(why_not)
         return MaskedSection(why_not)
     model = load_lm(lm_dir).eval()
-    level_steps = steps_per_level(steps, model.cfg.n_codebooks)
+    level_steps = steps_per_level(steps, model.config.n_codebooks)
     n_prompt = int(prompt_seconds * codec.frame_rate)
     n_new = int(seconds * codec.frame_rate)
-    calls = model_calls(n_prompt, n_new, default_window(model.cfg, n_prompt + n_new), level_steps)
+    calls = model_calls(n_prompt, n_new, default_window(model.config, n_prompt + n_new), level_steps)
     done = MaskedSection(f"The same prompts continued by {Path(lm_dir).name}, a masked LM filling the "
                          f"{seconds:g} s in parallel steps ({','.join(map(str, level_steps))} per level, "
                          f"{calls} model calls in all, against one a frame for the AR LM), same sampling.")

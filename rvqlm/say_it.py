@@ -89,7 +89,7 @@ def say_it_clips(codec, lm_dir: str | Path, corpus: str | Path, n: int, out: Pat
     model = None
     if why_not is None:
         model = MultiCodebookLM.from_pretrained(lm_dir).eval()
-        lines = pick_lines(corpus, n, model.cfg.condition.text_max_bytes)
+        lines = pick_lines(corpus, n, model.config.condition.text_max_bytes)
         if not lines:
             why_not = (f"“Say it” left out: the test split of {corpus} has no line of {MIN_SECONDS:g}-{MAX_SECONDS:g} s "
                        f"with a text spoken by {' or '.join(VOICES)}.")
@@ -99,7 +99,7 @@ def say_it_clips(codec, lm_dir: str | Path, corpus: str | Path, n: int, out: Pat
     wall = time.perf_counter()
     done = SayIt(f"Held-out lines of the test split, each generated from its text alone (no audio prompt) in "
                  f"both voices by {Path(lm_dir).name}, classifier-free guidance {cfg_scale:g}, "
-                 f"{'reading the text in order (monotonic reading), ' if reads_in_order(model.cfg, None) else ''}"
+                 f"{'reading the text in order (monotonic reading), ' if reads_in_order(model.config, None) else ''}"
                  "plain sampling; "
                  "the real recording first. Intelligibility is not expected from 75 minutes of speech.")
     for i, (path, text, speaker) in enumerate(lines):

@@ -71,7 +71,7 @@ def test_delay_pattern_codebook_k_at_step_s_is_frame_s_minus_k():
     for k in range(N_C):
         for s in range(seq.shape[-1]):
             frame = s - k
-            expected = codes[k, frame] if 0 <= frame < t else model.cfg.pad_id
+            expected = codes[k, frame] if 0 <= frame < t else model.config.pad_id
             assert seq[k, s] == expected
     # The forced mask: invalid slots and the 2 prompt frames; the first step to sample is frame 2's.
     assert plan.first_step == 2
@@ -92,7 +92,7 @@ def test_unconditional_generation_starts_from_bos():
     assert (out == out[:1]).all()  # greedy from the same bos: identical rows
     plan = plan_generation(model, torch.zeros(1, N_C, 0, dtype=torch.long), 6)
     first = next(iter_decode(model, plan, greedy))
-    bos = torch.full((1, N_C, 1), model.cfg.bos_id)
+    bos = torch.full((1, N_C, 1), model.config.bos_id)
     with torch.no_grad():
         assert torch.allclose(first.logits, model(bos)[:, :, 0], atol=1e-6)
     assert torch.equal(generate(model, torch.zeros(3, N_C, 0, dtype=torch.long), 6, greedy=True), out)
@@ -151,7 +151,7 @@ def test_cached_generation_equals_full_recompute_inside_the_context(pos, pattern
         assert torch.equal(seq_c, seq_r)  # greedy: same tokens
         assert torch.allclose(logits_c, logits_r, atol=LOGIT_ATOL, rtol=0)
         # ... and both equal ONE full forward pass over the final sequence.
-        inputs = torch.cat([torch.full_like(seq_c[..., :1], model.cfg.bos_id), seq_c[..., :-1]], dim=-1)
+        inputs = torch.cat([torch.full_like(seq_c[..., :1], model.config.bos_id), seq_c[..., :-1]], dim=-1)
         full = model(inputs)[:, :, plan_c.first_step:]
         assert torch.allclose(logits_c, full, atol=LOGIT_ATOL, rtol=0)
 
@@ -173,7 +173,7 @@ def test_each_cached_step_feeds_one_position_after_the_prefill():
 
 def inputs_of(model, seq):
     """The model inputs of a filled pattern sequence [B, N_c, S]: bos, then seq shifted right by one."""
-    return torch.cat([torch.full_like(seq[..., :1], model.cfg.bos_id), seq[..., :-1]], dim=-1)
+    return torch.cat([torch.full_like(seq[..., :1], model.config.bos_id), seq[..., :-1]], dim=-1)
 
 
 def fresh_window(inputs, s, w):

@@ -137,7 +137,7 @@ def test_a_focus_limits_only_the_guided_heads_last_rows_to_a_masked_softmax():
     attn = model.blocks[0].cross_attn
     memory = model.cross_memory(inputs_of(model, ["ahoj lode", "lod"], ["font_small", "font_big"]))
     k, v = memory.kv[0]
-    x = torch.randn(2, 5, model.cfg.d_model, dtype=torch.float64)
+    x = torch.randn(2, 5, model.config.d_model, dtype=torch.float64)
     focus = torch.zeros(2, 2, memory.mask.shape[1], dtype=torch.bool)
     focus[:, :, :4] = True  # the last two rows may see the speaker and bytes 0..2
     attn.record_heads = 4
@@ -176,7 +176,7 @@ def test_the_reading_position_follows_the_attention_forward_only_a_byte_a_step()
     model = guided_model()
     memory = model.cross_memory(inputs_of(model, ["a" * 20, None], ["font_small", "font_small"]))
     window = ReadingWindow(model, memory, back=2, front=6, step=1.0, linger=None, patience=None)
-    logits = torch.zeros(2, 3, 1, model.cfg.n_outputs, dtype=torch.float64)
+    logits = torch.zeros(2, 3, 1, model.config.n_outputs, dtype=torch.float64)
     positions = []
     for centre in (5, 5, 0, 0, 1, 3):  # attention jumps ahead, then back, then just past p
         reading_step(window, [centre, 15], logits)
@@ -192,9 +192,9 @@ def test_the_end_waits_for_the_last_byte_is_forced_after_linger_and_patience_pus
     from lm.alignment import ReadingWindow
 
     model = guided_model()
-    end = model.cfg.end_id
+    end = model.config.end_id
     memory = model.cross_memory(inputs_of(model, ["a" * 10, None], ["font_small", "font_big"]))
-    logits = torch.zeros(2, 3, 1, model.cfg.n_outputs, dtype=torch.float64)
+    logits = torch.zeros(2, 3, 1, model.config.n_outputs, dtype=torch.float64)
     window = ReadingWindow(model, memory, back=2, front=6, step=1.0, linger=2, patience=3)
     out = reading_step(window, [0, 0], logits)
     assert out[0, 0, -1, end] == float("-inf") and out[1, 0, -1, end] == 0  # the text-less row is free
@@ -290,7 +290,7 @@ def test_training_batches_pass_their_positions_to_the_guided_loss():
     torch.manual_seed(0)
     assert model.loss(codes, None, cond, ends).guide.item() == 0.0  # no end, no alignment: nothing known
     cond.positions = torch.linspace(0, 4, 9)[None].repeat(2, 1)
-    assert model.loss(codes, None, cond.nulled(model.cfg.condition.null_speaker, torch.tensor([True, True])),
+    assert model.loss(codes, None, cond.nulled(model.config.condition.null_speaker, torch.tensor([True, True])),
                       ends).guide.item() == 0.0  # dropped texts are not guided
     assert model.loss(codes, None, cond, ends).guide.item() > 0.0
 

@@ -44,8 +44,8 @@ def inputs_of(model, texts, speakers) -> ConditionInputs:
 
 
 def model_inputs(model, codes):
-    seq, _ = model.pattern.build(codes, None, model.cfg.pad_id)
-    return torch.cat([torch.full_like(seq[..., :1], model.cfg.bos_id), seq[..., :-1]], dim=-1)
+    seq, _ = model.pattern.build(codes, None, model.config.pad_id)
+    return torch.cat([torch.full_like(seq[..., :1], model.config.bos_id), seq[..., :-1]], dim=-1)
 
 
 # ---- the encoder-decoder of seed 000 -------------------------------------------------------------
@@ -111,9 +111,9 @@ def test_the_decoder_stays_causal_in_audio():
     depends only on the audio tokens up to t."""
     model = cond_model()
     memory = model.encode_condition(inputs_of(model, ["ahoj", "nazdar"], ["font_small", "font_big"]))
-    tokens = torch.randint(0, model.cfg.embedding_rows, (2, 3, 12))
+    tokens = torch.randint(0, model.config.embedding_rows, (2, 3, 12))
     changed = tokens.clone()
-    changed[..., 7:] = torch.randint(0, model.cfg.embedding_rows, (2, 3, 5))
+    changed[..., 7:] = torch.randint(0, model.config.embedding_rows, (2, 3, 5))
     a, b = model(tokens, memory=memory), model(changed, memory=memory)
     torch.testing.assert_close(a[..., :7, :], b[..., :7, :], atol=0, rtol=0)
     assert not torch.allclose(a[..., 7:, :], b[..., 7:, :])
@@ -160,7 +160,7 @@ def test_dropout_draws_null_conditions_at_the_configured_rate_independently():
     cond = inputs_of(model, ["ahoj"] * n, ["font_big"] * n)
     dropped = model.condition_encoder.drop(cond)
     text_null = dropped.text_len == 0
-    speaker_null = dropped.speaker == model.cfg.condition.null_speaker
+    speaker_null = dropped.speaker == model.config.condition.null_speaker
     for frac, p in ((text_null, 0.3), (speaker_null, 0.2), (text_null & speaker_null, 0.06)):
         assert abs(frac.double().mean().item() - p) < 4 * math.sqrt(p * (1 - p) / n)
     kept = ~text_null & ~speaker_null
@@ -193,7 +193,7 @@ def test_cfg_scale_1_is_the_conditional_model_and_0_the_unconditional():
     """Issue 20: logits = uncond + s (cond - uncond), one batched forward of both; s = 1 runs no unconditional rows."""
     model = cond_model()
     cond = inputs_of(model, ["ahoj", "loď"], ["font_small", "font_big"])
-    tokens = torch.randint(0, model.cfg.embedding_rows, (2, 3, 9))
+    tokens = torch.randint(0, model.config.embedding_rows, (2, 3, 9))
     conditional = model(tokens, memory=model.encode_condition(cond))
     unconditional = model(tokens)  # no memory: the null conditions
     assert not torch.allclose(conditional, unconditional, atol=1e-3)
@@ -214,7 +214,7 @@ def test_a_speaker_scale_of_its_own_guides_the_voice_and_the_text_apart():
     plain guidance (2B rows)."""
     model = cond_model()
     cond = inputs_of(model, ["ahoj", "loď"], ["font_small", "font_big"])
-    tokens = torch.randint(0, model.cfg.embedding_rows, (2, 3, 9))
+    tokens = torch.randint(0, model.config.embedding_rows, (2, 3, 9))
     conditional = model(tokens, memory=model.encode_condition(cond))
     alone = model(tokens, memory=model.encode_condition(model.condition_inputs(None, ["font_small", "font_big"], 2)))
     unconditional = model(tokens)
@@ -248,7 +248,7 @@ def test_cached_generation_with_cross_attention_gives_the_full_forward_logits():
     with torch.no_grad():
         decoder = ConditionedDecoder(model, cond, 2.0)
         steps = list(iter_decode(decoder, plan, lambda logits: logits.argmax(-1)))
-        assert len(projections) == model.cfg.n_layers
+        assert len(projections) == model.config.n_layers
         full = decoder(model_inputs(model, model.pattern.revert(plan.seq)))
     for step in steps:
         torch.testing.assert_close(step.logits, full[:, :, step.step], atol=1e-4, rtol=1e-4)
@@ -279,12 +279,12 @@ def test_the_end_token_is_a_scored_target_of_codebook_0_only():
     plain_nll, plain_valid = model.token_nll(codes)
     assert valid.sum() == plain_valid.sum() + 1 and valid[0, 0, 5] and not valid[1, 0, 5]
     assert nll[0, 0, 5] > 0 and nll[1, 0, 5] == 0
-    assert model.cfg.end_id == 16 and model(model_inputs(model, codes)).shape[-1] == 17
+    assert model.config.end_id == 16 and model(model_inputs(model, codes)).shape[-1] == 17
 
 
 def rigged(model, end_logit):
     """Add `end_logit(rows)` to codebook 0's end-of-audio logit (a forward hook on the model)."""
-    end = model.cfg.end_id
+    end = model.config.end_id
 
     def hook(module, args, out):
         out = out.clone()
@@ -315,7 +315,7 @@ def test_generation_stops_at_the_end_token_row_by_row_and_max_length_still_appli
     assert plan.end.ends.tolist() == [4, 4]  # codebook 0 ended at once
     # delay pattern: after the end at frame 4 (step 4) codebooks 1, 2 finish frames 3 (step 5), then stop
     assert steps[-1].step == 5 and (plan.seq[:, 0, 4] == 16).all() and (plan.seq[:, :, 5] != 16).all()
-    assert (plan.seq[:, 0, 5] == model.cfg.pad_id).all() and (plan.seq[:, 1, 5] == model.cfg.pad_id).all()
+    assert (plan.seq[:, 0, 5] == model.config.pad_id).all() and (plan.seq[:, 1, 5] == model.config.pad_id).all()
 
 
 def test_a_tiny_conditioned_lm_learns_what_each_speaker_says_and_when_to_stop():
@@ -368,7 +368,7 @@ def test_a_conditioned_lm_saves_and_loads_with_its_speaker_table(tmp_path):
     assert saved["speakers"] == SPEAKERS and saved["text_max_bytes"] == 24
     loaded = MultiCodebookLM.from_pretrained(tmp_path / "lm").eval()
     cond = inputs_of(model, ["ahoj"], ["font_white"])
-    tokens = torch.randint(0, model.cfg.embedding_rows, (1, 3, 6))
+    tokens = torch.randint(0, model.config.embedding_rows, (1, 3, 6))
     torch.testing.assert_close(loaded(tokens, memory=loaded.encode_condition(cond)),
                                model(tokens, memory=model.encode_condition(cond)), atol=0, rtol=0)
 
@@ -391,7 +391,7 @@ def test_the_shipped_lm_loads_and_gives_the_logits_and_generation_it_gave_before
     shipped = REPO / "models" / "lm-speech-16k"
     lm = MultiCodebookLM.from_pretrained(shipped).eval()
     on_disk = json.loads((shipped / "config.json").read_text())["config"]
-    assert lm.cfg.to_dict() == on_disk and lm.condition_encoder is None
+    assert lm.config.to_dict() == on_disk and lm.condition_encoder is None
     codes = (torch.arange(8 * 40).view(1, 8, 40) * 37 + 11) % 1024
     with torch.no_grad():
         logits = lm(model_inputs(lm, codes))
@@ -521,7 +521,7 @@ def test_a_killed_conditioned_run_resumes_exactly(cond_tokens, tmp_path):
     assert all(resumed[s] == full[s] for s in full), [(s, resumed[s], full[s]) for s in full]
     a = MultiCodebookLM.from_pretrained(tmp_path / "full" / "pretrained")
     b = MultiCodebookLM.from_pretrained(tmp_path / "cut" / "pretrained")
-    assert a.cfg.condition.speakers == sorted(SPEAKERS) and a.cfg.end_id == 16
+    assert a.config.condition.speakers == sorted(SPEAKERS) and a.config.end_id == 16
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     # new metadata under the same tokens: the stream would not be the one the checkpoint was in
     changed = tmp_path / "tok_changed"

@@ -140,7 +140,7 @@ def test_an_int8_lm_refuses_training(tmp_path):
     with pytest.raises(RuntimeError, match="int8 weights for inference only"):
         model.train()
     with pytest.raises(ValueError, match=r"init_from .*int8 weights for inference only") as info:
-        LMTrainingModule(random_lm().cfg, init_from=str(tmp_path / "int8"), measure_peak=False)
+        LMTrainingModule(random_lm().config, init_from=str(tmp_path / "int8"), measure_peak=False)
     assert "\n" not in str(info.value)
 
 
@@ -168,6 +168,6 @@ def test_a_folder_whose_weight_dtype_does_not_match_its_tensors_is_refused(tmp_p
     from rvqlm_core.persistence import cpu_state, save_folder
 
     model = random_lm()
-    save_folder(tmp_path / "bad", LM_FORMAT, {"config": model.cfg.to_dict(), "weight_dtype": "int8"}, cpu_state(model))
+    save_folder(tmp_path / "bad", LM_FORMAT, {"config": model.config.to_dict(), "weight_dtype": "int8"}, cpu_state(model))
     with pytest.raises(ValueError, match="weight_dtype 'int8' does not describe its weights"):
         MultiCodebookLM.from_pretrained(tmp_path / "bad")

@@ -177,7 +177,7 @@ def test_a_killed_moe_run_resumes_exactly_and_ddp_ranks_agree(tokens, tmp_path):
     full, resumed = read_losses(full_log), read_losses(cut_log)
     assert sorted(full) == sorted(resumed) == list(range(1, 9))
     assert all(resumed[s] == full[s] for s in full), (full, resumed)  # bit-exact, aux loss included
-    assert MultiCodebookLM.from_pretrained(tmp_path / "full" / "pretrained").cfg.n_experts == 4
+    assert MultiCodebookLM.from_pretrained(tmp_path / "full" / "pretrained").config.n_experts == 4
 
     out = tmp_path / "ranks"
     out.mkdir()

@@ -171,7 +171,7 @@ def test_a_stretched_window_decodes_a_long_clip_in_one_chunk_as_a_longer_context
     steps = []
     out = generate_masked(model, prompt, 40, steps=[3, 2], greedy=True, window=45, on_step=steps.append)
     assert len(steps) == 3 + 2 + 1 and {s.chunk for s in steps} == {0}
-    wide = MaskedLM(dataclasses.replace(model.cfg, max_seq_len=45)).eval()
+    wide = MaskedLM(dataclasses.replace(model.config, max_seq_len=45)).eval()
     wide.load_state_dict(model.state_dict())
     assert torch.equal(out, generate_masked(wide, prompt, 40, steps=[3, 2], greedy=True))
     assert torch.equal(out[..., :5], prompt)
@@ -188,7 +188,7 @@ def test_by_default_a_rope_model_decodes_a_clip_of_up_to_2_1_contexts_in_one_pas
     for m, new, window in ((model, 45, 50), (model, 46, 24), (learned, 45, 24), (model, 10, 24)):
         steps = []
         out = generate_masked(m, prompt, new, steps=[2, 1], seed=3, on_step=steps.append)
-        assert default_window(m.cfg, 5 + new) == window
+        assert default_window(m.config, 5 + new) == window
         assert len(steps) == model_calls(5, new, window, [2, 1, 1])
         assert torch.equal(out, generate_masked(m, prompt, new, steps=[2, 1], seed=3, window=window))
 
@@ -256,7 +256,7 @@ def test_a_conditioned_masked_lm_decodes_with_guidance_and_has_no_end_id():
     from lm.config import ConditionConfig
 
     model = tiny_masked(condition=ConditionConfig(speakers=["a", "b"], text_max_bytes=16, encoder_layers=1))
-    assert model.cfg.end_id is None and model.cfg.n_outputs == V
+    assert model.config.end_id is None and model.config.n_outputs == V
     out = generate_masked(model, codes_of(b=2, t=3), 6, text="ahoj", speaker="b", cfg_scale=2.0, seed=0)
     assert out.shape == (2, NC, 9)
     loss = model.train().loss(codes_of(b=2, t=8), condition=model.condition_inputs("ahoj", "a", 2))
@@ -269,7 +269,7 @@ def test_saved_masked_lm_loads_by_family_and_the_ar_class_refuses_it(tmp_path):
     model = tiny_masked()
     model.save_pretrained(tmp_path / "m")
     loaded = load_lm(tmp_path / "m")
-    assert isinstance(loaded, MaskedLM) and loaded.cfg == model.cfg
+    assert isinstance(loaded, MaskedLM) and loaded.config == model.config
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
     with pytest.raises(ValueError, match="'masked' LM family"):
         MultiCodebookLM.from_pretrained(tmp_path / "m")

@@ -70,7 +70,7 @@ def test_killed_masked_run_resumes_exactly_and_the_tiny_recipe_learns(tokens, fu
     first, last = np.mean([full[s] for s in (1, 2, 3)]), np.mean([full[s] for s in (12, 13, 14)])
     assert last < first - 0.3, (first, last)  # ln 16 = 2.77 at the start
     model = load_lm(full_dir / "pretrained")
-    assert isinstance(model, MaskedLM) and model.cfg.codec_fingerprint == FINGERPRINT
+    assert isinstance(model, MaskedLM) and model.config.codec_fingerprint == FINGERPRINT
     again = load_lm(cut_dir / "pretrained")
     for (name, a), b in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), name

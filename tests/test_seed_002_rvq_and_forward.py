@@ -260,7 +260,7 @@ def test_generation_samples_at_the_last_position_appends_and_repeats(greedy):
                    generator=torch.Generator().manual_seed(7))
     assert out.shape == (1, 1, 8) and torch.equal(out[..., :2], prompt)
     gen = torch.Generator().manual_seed(7)
-    seq = [model.cfg.bos_id, 3, 1]
+    seq = [model.config.bos_id, 3, 1]
     while len(seq) < 9:
         logits = model(torch.tensor([[seq]]))[:, :, -1]  # the last position n only
         seq.append(int(sample_next(logits, 0.8, 5, None, greedy, gen)))

@@ -134,7 +134,7 @@ def check_request(args: argparse.Namespace) -> None:
 
 def check_pair(lm_model, codec) -> None:
     """Refuse an LM and a codec that do not share tokens (ValueError naming both)."""
-    cfg = lm_model.cfg
+    cfg = lm_model.config
     if (codec.n_codebooks, codec.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
         raise ValueError(f"the codec makes N_c={codec.n_codebooks} codebooks of {codec.codebook_size} codes, "
                          f"the LM models N_c={cfg.n_codebooks} of {cfg.codebook_size}: not the LM's codec")
@@ -152,7 +152,7 @@ def check_condition(args: argparse.Namespace, lm_model) -> None:
     (ValueError)."""
     asked = [f"--{name.replace('_', '-')}" for name in ("text", "speaker", "cfg", "speaker_cfg", "monotonic")
              if getattr(args, name) is not None]
-    cond = lm_model.cfg.condition
+    cond = lm_model.config.condition
     if cond is None:
         if asked:
             raise ValueError(f"{' '.join(asked)}: the LM {args.lm} is not conditioned (no condition encoder); "
@@ -170,16 +170,16 @@ def check_condition(args: argparse.Namespace, lm_model) -> None:
 def condition_options(args: argparse.Namespace, lm_model) -> dict:
     """The conditioning keywords of the LM's generate (none for an unconditioned LM; no reading window for a
     masked one)."""
-    if lm_model.cfg.condition is None:
+    if lm_model.config.condition is None:
         return {}
-    reading = {} if lm_model.cfg.family == "masked" else {"monotonic": args.monotonic,
+    reading = {} if lm_model.config.family == "masked" else {"monotonic": args.monotonic,
                                                           "speaker_cfg_scale": args.speaker_cfg}
     return {"text": args.text, "speaker": args.speaker, "cfg_scale": args.cfg, **reading}
 
 
 def check_family(args: argparse.Namespace, lm_model) -> None:
     """Refuse options the LM's family has no use for (--steps for an AR LM; --stream, --no-cache for a masked one)."""
-    if lm_model.cfg.family != "masked":
+    if lm_model.config.family != "masked":
         for flag, given in (("--steps", args.steps), ("--window", args.window),
                             ("--choice-temperature", args.choice_temperature)):
             if given is not None:
@@ -187,7 +187,7 @@ def check_family(args: argparse.Namespace, lm_model) -> None:
         return
     from lm.masked_generate import steps_per_level
 
-    steps_per_level(args.steps, lm_model.cfg.n_codebooks)
+    steps_per_level(args.steps, lm_model.config.n_codebooks)
     for flag, given in (("--stream", args.stream), ("--no-cache", args.no_cache),
                         ("--monotonic / --no-monotonic", args.monotonic is not None)):
         if given:
@@ -198,7 +198,7 @@ def load_prompt_codes(path: str, codec, lm_model, prompt_seconds: float | None):
     """Read, trim to whole frames and encode the prompt -> codes [1, N_c, T0] (LongTensor)."""
     from codec.audio import audio_info, load_audio
 
-    cfg, hop, rate = lm_model.cfg, codec.hop_length, codec.frame_rate
+    cfg, hop, rate = lm_model.config, codec.hop_length, codec.frame_rate
     info = audio_info(path)
     seconds = info.duration if prompt_seconds is None else min(prompt_seconds, info.duration)
     frames = int(seconds * codec.sample_rate) // hop
@@ -245,7 +245,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     conditions = condition_options(args, lm_model)
-    if lm_model.cfg.family == "masked":
+    if lm_model.config.family == "masked":
         codes = lm_model.generate(prompt, new_frames, steps=args.steps, temperature=args.temperature,
                                   top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed,
                                   window=args.window, choice_temperature=args.choice_temperature,

@@ -91,7 +91,7 @@ def _eval(args: argparse.Namespace) -> int:
     model = load_lm(args.lm)
     where = dict(split_by=args.split_by, valid_fraction=args.valid_fraction, window_frames=args.window_frames,
                  batch_size=args.batch_size)
-    if model.cfg.family == "masked":
+    if model.config.family == "masked":
         if args.unigram:
             raise ValueError("--unigram scores every frame; a masked LM is scored on its hidden positions only")
         report = {"lm": str(args.lm), **masked_held_out_report(model, args.tokens, args.split, ratio=args.mask_ratio,
@@ -103,7 +103,7 @@ def _eval(args: argparse.Namespace) -> int:
                                                         **where)}
     window, files, count = report["window_frames"], report["files"], report["tokens_per_codebook"]
     baseline = report.get("unigram_nll_per_codebook")
-    cfg = model.cfg
+    cfg = model.config
 
     print(f"{args.split} split of {args.tokens}: {files} files, {int(count[0])} frames, "
           f"windows of {window} frames")
