@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lm.sampling import SamplingOptions
 from rvqlm.cli import run_script
 from rvqlm.metrics import repetition, silence_share
 
@@ -187,8 +188,8 @@ def run_benchmark(model, codec, prompts: Prompts, new_frames: int, *, seed: int,
     results = {}
     for s in settings:
         t0 = time.perf_counter()
-        codes = generate(model, prompts.codes, new_frames, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                         greedy=s.greedy, seed=seed, progress=progress, frame_rate=codec.frame_rate)
+        codes = generate(model, prompts.codes, new_frames, progress=progress, frame_rate=codec.frame_rate,
+                         sampling=SamplingOptions(s.temperature, s.top_k, s.top_p, s.greedy, seed))
         gen_seconds = time.perf_counter() - t0
         results[s.name] = {**measure(model, codec, list(codes), start, ngram, silence_dbfs).means(),
                            "generate_seconds": gen_seconds,

@@ -43,6 +43,9 @@ if str(REPO) not in sys.path:  # run as a script: benchmarks/ is a package of th
 
 from benchmarks.continuation_quality import held_out_prompts, measure  # noqa: E402
 from rvqlm.cli import run_script  # noqa: E402
+from lm.generate import generate
+from lm.masked_generate import MaskedDecoding
+from lm.sampling import SamplingOptions
 
 
 # ---- machine bounds ---------------------------------------------------------------------------------
@@ -79,17 +82,15 @@ def bound(model, calls: int, frames_per_call: float, batch: int, peak: float, ba
 
 def ar_calls(ar, prompt_frames: int, new_frames: int) -> int:
     """Sequential AR model calls: one per pattern step after the prompt (the prefill is the first)."""
-    from lm.generate import plan_generation
+    from lm.ar_decode import plan_generation
 
     plan = plan_generation(ar, torch.zeros(1, ar.config.n_codebooks, prompt_frames, dtype=torch.long), new_frames)
     return plan.n_steps - plan.first_step
 
 
 def run_ar(ar, prompts: torch.Tensor, new_frames: int, args, seed: int) -> tuple[torch.Tensor, float]:
-    from lm.generate import generate
-
     t0 = time.perf_counter()
-    codes = generate(ar, prompts, new_frames, temperature=args.temperature, top_k=args.top_k, seed=seed)
+    codes = generate(ar, prompts, new_frames, sampling=SamplingOptions(args.temperature, args.top_k, seed=seed))
     return codes, time.perf_counter() - t0
 
 
@@ -97,8 +98,8 @@ def run_masked(masked, prompts: torch.Tensor, new_frames: int, args, seed: int, 
                window: int | None = None, tau: float | None = None) -> tuple[torch.Tensor, float]:
     t0 = time.perf_counter()
     tau = args.choice_temperature if tau is None else tau
-    codes = masked.generate(prompts, new_frames, steps=steps, temperature=args.temperature, top_k=args.top_k,
-                            seed=seed, window=window, choice_temperature=tau)
+    codes = generate(masked, prompts, new_frames, sampling=SamplingOptions(args.temperature, args.top_k, seed=seed),
+                     options=MaskedDecoding(steps=steps, window=window, choice_temperature=tau))
     return codes, time.perf_counter() - t0
 
 
@@ -220,7 +221,7 @@ def masked_nll_table(masked, tokens: str, split: str, ratios: list[float], windo
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--masked", required=True, help="a saved masked LM folder (rvqlm train-masked-lm)")
+    p.add_argument("--masked", required=True, help="a saved masked LM folder (rvqlm train-lm with a masked recipe)")
     p.add_argument("--ar", default="models/lm-speech-16k", help="the AR LM to compare with and score by")
     p.add_argument("--codec", default="models/codec-speech-16k")
     p.add_argument("--tokens", required=True, help="a token folder of the corpus made with that codec")
@@ -272,10 +273,10 @@ def parse_args(argv):
 def load(args):
     from benchmarks.continuation_quality import check_pairing
     from codec import Codec
-    from lm.families import load_lm
+    from lm.trunk import load_lm
 
     ar, masked = load_lm(args.ar).eval(), load_lm(args.masked).eval()
-    if ar.config.family != "ar" or masked.config.family != "masked":
+    if (ar.config.family, masked.config.family) != ("ar", "masked"):
         raise ValueError(f"--ar must be an AR LM and --masked a masked LM; got {ar.config.family} and {masked.config.family}")
     codec = Codec.from_pretrained(args.codec).eval()
     check_pairing(ar, codec, args.tokens)

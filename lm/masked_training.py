@@ -9,7 +9,7 @@ DDP, tokens/s and MFU, per-level losses, export) with the masked objective of lm
 * `init_from` may name an AR LM of the same architecture (the family and pattern differ): every
   tensor is copied, its bos rows becoming the mask tokens; or a masked LM of the same architecture.
 
-    rvqlm train-masked-lm --config recipes/lm_masked_speech.yaml [--ckpt_path last]
+    rvqlm train-lm --config recipes/lm_masked_speech.yaml [--ckpt_path last]   (the recipe's family: masked)
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from torch import Tensor
 
 from lm.config import LMConfig
 from lm.data import ValidWindows
-from lm.families import load_lm
+from lm.trunk import load_lm
 from lm.masked_model import MaskedLM
 from lm.moe import moe_aux_loss
-from lm.training import LMTrainingModule, batch_conditions, held_out_files, train_main
+from lm.training import LMTrainingModule, batch_conditions, held_out_files
 from lm.warm_start import architecture_differences
 
 VALID_SEED = 0
@@ -42,7 +42,7 @@ def seeded_generator(device: torch.device, *key: Any) -> torch.Generator:
 def masked_warm_start(model: MaskedLM, start, source: str) -> list[str]:
     """Load LM `start` (masked, or AR differing only in family / pattern) into `model`; returns the fresh
     tensors (none). ValueError naming `source` and every other difference."""
-    allowed = ("family ", "pattern ") if start.config.family == "ar" else ()
+    allowed = ("family ", "pattern ") if start.config.family != model.config.family else ()
     differ = [d for d in architecture_differences(model.config, start.config) if not d.startswith(allowed)]
     if differ:
         raise ValueError(f"init_from {source}: its LM differs from this recipe's in " + ", ".join(differ)
@@ -59,8 +59,6 @@ class MaskedLMTrainingModule(LMTrainingModule):
         mask_seed: seeds the training masks (with the batch index and the rank).
     """
 
-    model_class = MaskedLM
-
     def __init__(self, config: LMConfig, n_codebooks: int | None = None, codebook_size: int | None = None,
                  codec_fingerprint: str | None = None, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
                  adam_eps: float = 1e-8, weight_decay: float = 0.1, warmup_steps: int = 100,
@@ -72,6 +70,9 @@ class MaskedLMTrainingModule(LMTrainingModule):
         super().__init__(config, n_codebooks, codebook_size, codec_fingerprint, lr, betas, adam_eps, weight_decay,
                          warmup_steps, min_lr_ratio, total_steps, measure_peak, export, init_from, speakers,
                          fresh_lr_scale)
+        if not isinstance(self.model, MaskedLM):
+            raise ValueError(f"this config is of the {config.family!r} LM family, not 'masked': train it with its own "
+                             "family's module (rvqlm train-lm reads the family from the recipe)")
 
     def _load_initial_weights(self, folder: str) -> None:
         self._fresh = masked_warm_start(self.model, load_lm(folder), folder)
@@ -147,10 +148,7 @@ def masked_held_out_report(model: MaskedLM, tokens_dir: str, split: str = "valid
     with torch.inference_mode():
         nll, count = masked_nll(model, windows, ratio, seed)
     return {"tokens": str(tokens_dir), "split": split, "files": len(files), "window_frames": window,
-            "family": "masked", "mask_ratio": ratio, "nll_per_codebook": (nll / count).tolist(),
+            "family": "masked", "mask_ratio": ratio,
+            "scored": f"masked LM: level q scored with {ratio:g} of its frames hidden, finer levels hidden, coarser "
+                      "visible (NLL over the hidden positions)", "nll_per_codebook": (nll / count).tolist(),
             "tokens_per_codebook": count.tolist(), "nll": float(nll.sum() / count.sum())}
-
-
-def masked_train_main(args: Sequence[str] | None = None) -> int:
-    """`rvqlm train-masked-lm ARGS`: LightningCLI `fit` of MaskedLMTrainingModule (see lm.training.train_main)."""
-    return train_main(args, module=MaskedLMTrainingModule)

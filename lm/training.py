@@ -38,6 +38,8 @@ from torch import Tensor, nn
 
 from lm.config import LMConfig
 from lm.data import TokenDataModule, TokenFiles, ValidWindows, check_conditions
+from lm.families import family_of, recipe_family
+from lm.trunk import build_lm, load_lm
 from lm.model import MultiCodebookLM
 from lm.moe import moe_aux_loss
 from lm.warm_start import warm_start
@@ -115,14 +117,11 @@ def check_fingerprint(lm_fingerprint: str | None, tokens_fingerprint: str | None
 
 def batch_conditions(model: MultiCodebookLM, batch: dict, ends: bool = True) -> dict[str, Any]:
     """The `loss` arguments of a batch's conditions for a conditioned LM ({} for an unconditioned
-    one): condition (texts and speakers, "" = null; positions where the config follows alignments) and, with
-    `ends`, the file ends."""
+    one): condition (texts and speakers, "" = null) and, with `ends`, the file ends."""
     if model.config.condition is None:
         return {}
     n = batch["codes"].shape[0]
     condition = model.condition_inputs([t or None for t in batch["text"]], [s or None for s in batch["speaker"]], n)
-    if batch.get("positions") is not None and model.config.condition.guided_alignment:  # guided attention (lm.alignment)
-        condition = dataclasses.replace(condition, positions=batch["positions"].to(model.device))
     return {"condition": condition, "ends": batch["ends"] if ends else None}
 
 
@@ -148,8 +147,6 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         speakers: the speaker table of a conditioned LM whose config lists none (linked from the data).
     """
 
-    model_class: type = MultiCodebookLM  # a subclass training another LM family builds its own
-
     def __init__(self, config: LMConfig, n_codebooks: int | None = None, codebook_size: int | None = None,
                  codec_fingerprint: str | None = None, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
                  adam_eps: float = 1e-8, weight_decay: float = 0.1, warmup_steps: int = 100,
@@ -171,7 +168,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters(ignore=["config", "n_codebooks", "codebook_size", "codec_fingerprint", "speakers"])
         self.hparams["config"] = self.lm_config.to_dict()  # complete, as LightningCLI re-reads it on resume
-        self.model = self.model_class(self.lm_config)
+        self.model = build_lm(self.lm_config)  # the model of the config's family (lm.families)
         self._fresh: list[str] = []  # parameters init_from left at their initialisation
         if init_from is not None:
             self._load_initial_weights(init_from)
@@ -181,7 +178,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         self._val_count: Tensor | None = None
 
     def _load_initial_weights(self, folder: str) -> None:
-        self._fresh = warm_start(self.model, MultiCodebookLM.from_pretrained(folder), folder)
+        self._fresh = warm_start(self.model, load_lm(folder), folder)
 
     # -- training ---------------------------------------------------------------------------------
     def on_fit_start(self) -> None:
@@ -424,15 +421,16 @@ class LMTrainingCLI(LightningCLI):
                                            init_args=Namespace(save_dir=str(run_dir), name="logs"))
 
 
-def train_main(args: Sequence[str] | None = None, module: type = LMTrainingModule) -> int:
-    """`rvqlm train-lm ARGS`: LightningCLI `fit` with ARGS (e.g. --config recipes/lm_tiny.yaml); `module`:
-    the LightningModule (lm.masked_training's for `rvqlm train-masked-lm`).
+def train_main(args: Sequence[str] | None = None) -> int:
+    """`rvqlm train-lm ARGS`: LightningCLI `fit` with ARGS (e.g. --config recipes/lm_tiny.yaml) of the
+    LightningModule of the recipe's LM family (lm.families.recipe_family).
 
     sys.argv is left alone: Lightning's DDP launcher re-runs it to start the other ranks.
     """
     args = list(sys.argv[1:] if args is None else args)
     if args and args[0] == "fit":
         args = args[1:]
+    module = family_of(recipe_family(args)).resolve("training_module")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within")
         LMTrainingCLI(module, TokenDataModule, args=["fit", *args],

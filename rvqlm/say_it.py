@@ -12,7 +12,6 @@ default models/lm-speech-conditioned-16k); without one it is one line saying how
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,15 +43,17 @@ def conditioned_lm_hint(lm_dir: str | Path, codec) -> str | None:
     one line saying why the section is left out and how to get the LM."""
     how = (f"tokenize the folder of `rvqlm corpus prepare --synthetic` with this codec, train one with `{RECIPE}` "
            "and give its pretrained/ folder with --conditioned-lm")
-    config_path = Path(lm_dir) / "config.json"
-    if not config_path.is_file():
+    from lm.trunk import read_lm_config
+
+    try:
+        config = read_lm_config(lm_dir)
+    except (OSError, ValueError):
         return f"“Say it” left out: no conditioned LM at {lm_dir}; {how}."
-    config = json.loads(config_path.read_text(encoding="utf-8")).get("config", {})
-    if not config.get("condition"):
+    if config.condition is None:
         return f"“Say it” left out: {lm_dir} is an LM without text and speaker conditioning; {how}."
-    if not codec.accepts_tokens(config.get("codec_fingerprint")):
+    if not codec.accepts_tokens(config.codec_fingerprint):
         return f"“Say it” left out: {lm_dir} was trained on another codec's tokens; {how}."
-    missing = [v for v in VOICES if v not in config["condition"].get("speakers", [])]
+    missing = [v for v in VOICES if v not in config.condition.speakers]
     if missing:
         return f"“Say it” left out: {lm_dir} knows no speaker {', '.join(missing)}; {how}."
     return None
@@ -114,7 +115,9 @@ def _say_line(model, codec, path: Path, text: str, speaker: str, stem: str, out:
               seed: int) -> tuple[list[ReportClip], list[dict[str, str]]]:
     """One line's clips (the real recording, then each voice) and its table rows."""
     from codec.audio import audio_info, load_audio
+    from lm.conditioning import Condition
     from lm.generate import generate
+    from lm.sampling import SamplingOptions
 
     real_seconds = audio_info(path).duration
     words = {"text": text}
@@ -122,8 +125,8 @@ def _say_line(model, codec, path: Path, text: str, speaker: str, stem: str, out:
                         f"real recording ({VOICES[speaker]}, {path.parent.name}/{path.name})", words)]
     limit = max(int(2 * real_seconds * codec.frame_rate), 1)
     voices = list(VOICES)
-    codes, lengths = generate(model, None, limit, text=text, speaker=voices, cfg_scale=cfg_scale,
-                              return_lengths=True, seed=seed)
+    codes, lengths = generate(model, None, limit, sampling=SamplingOptions(seed=seed, cfg_scale=cfg_scale),
+                              condition=Condition(text, voices), return_lengths=True)
     rows = []
     for r, voice in enumerate(voices):
         n = int(lengths[r])

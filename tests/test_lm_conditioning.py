@@ -13,11 +13,14 @@ import torch
 from lm import LMConfig, MultiCodebookLM
 from lm.conditioning import NULL_TEXT, PAD_BYTE, ConditionInputs, condition_inputs
 from lm.end_of_audio import layout_with_end
-from lm.generate import generate, iter_decode, plan_generation
-from lm.guidance import ConditionedDecoder
+from lm.ar_decode import iter_decode, plan_generation
+from lm.generate import generate
+from lm.guidance import GuidedDecoder
 from lm.layers import Block, CrossAttention
 from lm.patterns import get_pattern
 from seed_helpers import randomized
+from lm.sampling import SamplingOptions
+from lm.conditioning import Condition
 
 REPO = Path(__file__).resolve().parents[1]
 SPEAKERS = ["font_small", "font_big", "font_white"]
@@ -41,6 +44,12 @@ def cond_model(seed: int = 0, **overrides) -> MultiCodebookLM:
 
 def inputs_of(model, texts, speakers) -> ConditionInputs:
     return model.condition_inputs(texts, speakers, len(texts))
+
+
+def guided(model, texts, speakers, scale=None, speaker_scale=None) -> GuidedDecoder:
+    """The model bound to one text and speaker per row, at these guidance scales (lm.guidance)."""
+    return GuidedDecoder(model, Condition(texts, speakers), SamplingOptions(cfg_scale=scale, speaker_cfg_scale=speaker_scale),
+                         len(texts))
 
 
 def model_inputs(model, codes):
@@ -197,11 +206,11 @@ def test_cfg_scale_1_is_the_conditional_model_and_0_the_unconditional():
     conditional = model(tokens, memory=model.encode_condition(cond))
     unconditional = model(tokens)  # no memory: the null conditions
     assert not torch.allclose(conditional, unconditional, atol=1e-3)
-    one = ConditionedDecoder(model, cond, 1.0)
-    assert one.memory.batch_size == 2 and not one.guided
+    one = guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 1.0)
+    assert one.memory.batch_size == 2 and one.groups == 1
     torch.testing.assert_close(one(tokens), conditional, atol=1e-12, rtol=0)
-    torch.testing.assert_close(ConditionedDecoder(model, cond, 0.0)(tokens), unconditional, atol=1e-12, rtol=0)
-    three = ConditionedDecoder(model, cond, 3.0)
+    torch.testing.assert_close(guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 0.0)(tokens), unconditional, atol=1e-12, rtol=0)
+    three = guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 3.0)
     assert three.memory.batch_size == 4
     rows = []
     model.token_embedding.register_forward_hook(lambda m, a, o: rows.append(a[0].shape[0]))
@@ -218,27 +227,26 @@ def test_a_speaker_scale_of_its_own_guides_the_voice_and_the_text_apart():
     conditional = model(tokens, memory=model.encode_condition(cond))
     alone = model(tokens, memory=model.encode_condition(model.condition_inputs(None, ["font_small", "font_big"], 2)))
     unconditional = model(tokens)
-    same = ConditionedDecoder(model, cond, 2.0, speaker_scale=2.0)
+    same = guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 2.0, 2.0)
     assert same.memory.batch_size == 4
-    torch.testing.assert_close(same(tokens), ConditionedDecoder(model, cond, 2.0)(tokens), atol=1e-12, rtol=0)
-    split = ConditionedDecoder(model, cond, 3.0, speaker_scale=1.5)
+    torch.testing.assert_close(same(tokens), guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 2.0)(tokens), atol=1e-12, rtol=0)
+    split = guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 3.0, 1.5)
     assert split.memory.batch_size == 6 and split.new_cache(2).batch_size == 6
     rows = []
     model.token_embedding.register_forward_hook(lambda m, a, o: rows.append(a[0].shape[0]))
     want = unconditional + 1.5 * (alone - unconditional) + 3.0 * (conditional - alone)
     torch.testing.assert_close(split(tokens), want)
     assert rows == [6]
-    torch.testing.assert_close(ConditionedDecoder(model, cond, 1.0, speaker_scale=0.0)(tokens),
+    torch.testing.assert_close(guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 1.0, 0.0)(tokens),
                                unconditional + conditional - alone)
     with pytest.raises(ValueError, match="speaker guidance scale must be a finite number >= 0"):
-        ConditionedDecoder(model, cond, 2.0, speaker_scale=-1)
+        guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 2.0, -1)
 
 
 def test_cached_generation_with_cross_attention_gives_the_full_forward_logits():
     """Issue 20: each cached step's logits equal a full forward over the final sequence (float32, 1e-4),
     and every block's cross-attention keys/values are computed once for the whole generation."""
     model = cond_model(max_seq_len=64).float()
-    cond = inputs_of(model, ["ahoj", "hele"], ["font_small", "font_white"])
     projections = []
     for block in model.blocks:
         block.cross_attn.kv.register_forward_hook(lambda m, a, o: projections.append(1))
@@ -246,7 +254,7 @@ def test_cached_generation_with_cross_attention_gives_the_full_forward_logits():
     plan = plan_generation(model, prompt, 12)
     plan.end = None  # run to the length, so the whole sequence is there to compare with
     with torch.no_grad():
-        decoder = ConditionedDecoder(model, cond, 2.0)
+        decoder = guided(model, ["ahoj", "hele"], ["font_small", "font_white"], 2.0)
         steps = list(iter_decode(decoder, plan, lambda logits: logits.argmax(-1)))
         assert len(projections) == model.config.n_layers
         full = decoder(model_inputs(model, model.pattern.revert(plan.seq)))
@@ -297,8 +305,7 @@ def test_generation_stops_at_the_end_token_row_by_row_and_max_length_still_appli
     model = cond_model()
     prompt = torch.randint(0, 16, (2, 3, 4))
     handle = rigged(model, lambda b: torch.tensor([1e4, -1e4] * (b // 2), dtype=torch.float64)[:, None])
-    codes, lengths = generate(model, prompt, 10, text=["a", "b"], speaker="font_big", cfg_scale=1.0, seed=0,
-                              return_lengths=True)
+    codes, lengths = generate(model, prompt, 10, sampling=SamplingOptions(seed=0, cfg_scale=1.0), condition=Condition(text=["a", "b"], speaker="font_big"), return_lengths=True)
     handle.remove()
     assert lengths.tolist() == [4, 14]  # row 0 ended right after its prompt, row 1 ran to the maximum
     assert codes.shape == (2, 3, 14) and (codes[0, :, 4:] == 0).all() and torch.equal(codes[:, :, :4], prompt)
@@ -308,7 +315,7 @@ def test_generation_stops_at_the_end_token_row_by_row_and_max_length_still_appli
                                                                          torch.full_like(out[..., :1], 1e4)))
     plan = plan_generation(model, prompt, 6)
     with torch.no_grad():
-        steps = list(iter_decode(ConditionedDecoder(model, inputs_of(model, ["a", "b"], [None, None])), plan,
+        steps = list(iter_decode(guided(model, ["a", "b"], [None, None]), plan,
                                  lambda logits: logits.argmax(-1)))
     handle.remove()
     assert all((s.tokens[:, 1:] != 16).all() for s in steps)
@@ -330,8 +337,7 @@ def test_a_tiny_conditioned_lm_learns_what_each_speaker_says_and_when_to_stop():
         opt.zero_grad()
         model.loss(codes, None, cond, torch.tensor([True, True])).loss.backward()
         opt.step()
-    out, lengths = generate(model, None, 12, speaker=["font_small", "font_big"], cfg_scale=1.0, greedy=True,
-                            return_lengths=True)
+    out, lengths = generate(model, None, 12, sampling=SamplingOptions(greedy=True, cfg_scale=1.0), condition=Condition(speaker=["font_small", "font_big"]), return_lengths=True)
     assert lengths.tolist() == [5, 5] and torch.equal(out, codes)
 
 
@@ -339,15 +345,16 @@ def test_a_tiny_conditioned_lm_learns_what_each_speaker_says_and_when_to_stop():
 def test_unknown_speakers_long_texts_and_conditions_for_unconditioned_lms_are_refused():
     model = cond_model()
     with pytest.raises(ValueError, match="unknown speaker 'nemo'; this LM knows: font_small, font_big, font_white"):
-        generate(model, None, 3, text="a", speaker="nemo")
+        generate(model, None, 3, condition=Condition(text="a", speaker="nemo"))
     with pytest.raises(ValueError, match="25 UTF-8 bytes is over this LM's limit of text_max_bytes=24"):
-        generate(model, None, 3, text="ř" * 12 + "a")
+        generate(model, None, 3, condition=Condition(text="ř" * 12 + "a"))
     with pytest.raises(ValueError, match="3 texts for a batch of 2"):
-        generate(model, torch.zeros(2, 3, 1, dtype=torch.long), 3, text=["a", "b", "c"])
+        generate(model, torch.zeros(2, 3, 1, dtype=torch.long), 3, condition=Condition(text=["a", "b", "c"]))
     with pytest.raises(ValueError, match="guidance scale"):
-        generate(model, None, 3, text="a", cfg_scale=-1.0)
+        generate(model, None, 3, sampling=SamplingOptions(cfg_scale=-1.0), condition=Condition(text="a"))
     plain = MultiCodebookLM(LMConfig(n_codebooks=3, codebook_size=16, d_model=32, n_layers=1, n_heads=4))
-    for kwargs in ({"text": "a"}, {"speaker": "font_small"}, {"cfg_scale": 3.0}):
+    for kwargs in ({"condition": Condition(text="a")}, {"condition": Condition(speaker="font_small")},
+                   {"sampling": SamplingOptions(cfg_scale=3.0)}):
         with pytest.raises(ValueError, match="this LM is not conditioned"):
             generate(plain, None, 3, **kwargs)
     with pytest.raises(ValueError, match="takes no memory"):
@@ -402,7 +409,7 @@ def test_the_shipped_lm_loads_and_gives_the_logits_and_generation_it_gave_before
                             (3, 20, 500): -0.5639072060585022, (7, 46, 1023): -0.12557074427604675,
                             (5, 30, 7): 0.07127457112073898}.items():
         assert float(logits[0, c, s, v]) == pytest.approx(want, abs=2e-5)
-    out = generate(lm, codes[..., :10], 12, greedy=True)
+    out = generate(lm, codes[..., :10], 12, sampling=SamplingOptions(greedy=True))
     assert out[0, :, 10:].tolist() == [
         [502, 931, 502, 502, 604, 604, 604, 604, 604, 392, 392, 392], [1022, 381, 381, 453, 453, 453] + [840] * 6,
         [592, 950] + [256] * 10, [996, 996, 996, 996, 536, 536, 536, 536, 536, 536, 614, 726],
