@@ -273,10 +273,11 @@ def parse_args(argv):
 def load(args):
     from benchmarks.continuation_quality import check_pairing
     from codec import Codec
+    from lm import MaskedLM, MultiCodebookLM
     from lm.trunk import load_lm
 
     ar, masked = load_lm(args.ar).eval(), load_lm(args.masked).eval()
-    if (ar.config.family, masked.config.family) != ("ar", "masked"):
+    if not (isinstance(ar, MultiCodebookLM) and isinstance(masked, MaskedLM)):
         raise ValueError(f"--ar must be an AR LM and --masked a masked LM; got {ar.config.family} and {masked.config.family}")
     codec = Codec.from_pretrained(args.codec).eval()
     check_pairing(ar, codec, args.tokens)
