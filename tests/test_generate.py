@@ -9,11 +9,9 @@ import pytest
 import torch
 
 from lm import LMConfig, MultiCodebookLM
-from lm.ar_decode import iter_decode, plan_generation
+from lm.ar_decode import ARDecoding, iter_decode, plan_generation
 from lm.generate import generate
-from lm.sampling import sample_next
-from lm.sampling import SamplingOptions
-from lm.ar_decode import ARDecoding
+from lm.sampling import SamplingOptions, sample_next
 
 N_C, V = 3, 16
 
@@ -98,7 +96,8 @@ def test_unconditional_generation_starts_from_bos():
     bos = torch.full((1, N_C, 1), model.config.bos_id)
     with torch.no_grad():
         assert torch.allclose(first.logits, model(bos)[:, :, 0], atol=1e-6)
-    assert torch.equal(generate(model, torch.zeros(3, N_C, 0, dtype=torch.long), 6, sampling=SamplingOptions(greedy=True)), out)
+    assert torch.equal(generate(model, torch.zeros(3, N_C, 0, dtype=torch.long), 6,
+                                sampling=SamplingOptions(greedy=True)), out)
 
 
 def test_batch_rows_are_independent():
@@ -225,8 +224,10 @@ def test_rope_sink_generation_with_several_layers_matches_inside_and_differs_fro
         assert torch.equal(seq_s[..., :w], seq_p[..., :w]) and torch.allclose(logits_s[:, :, :inside],
                                                                               logits_p[:, :, :inside], atol=LOGIT_ATOL)
         assert not torch.allclose(logits_s[:, :, inside], logits_p[:, :, inside], atol=1e-2)
-    assert torch.equal(generate(model, p, 30, sampling=SamplingOptions(greedy=True)), model.pattern.revert(seq_s))  # sink is the default
-    assert torch.equal(generate(model, p, 30, sampling=SamplingOptions(greedy=True), options=ARDecoding(sink=False)), model.pattern.revert(seq_p))
+    assert torch.equal(generate(model, p, 30,
+                                sampling=SamplingOptions(greedy=True)), model.pattern.revert(seq_s))  # sink is the default
+    assert torch.equal(generate(model, p, 30, sampling=SamplingOptions(greedy=True),
+                                options=ARDecoding(sink=False)), model.pattern.revert(seq_p))
 
 
 def test_rope_plain_ring_runs_past_the_context_and_equals_sliding_window_recompute():

@@ -9,10 +9,10 @@ import torch
 
 from lm import LMConfig, MultiCodebookLM
 from lm.alignment import forward_recording, guide_penalty, guided_attention_loss, noisy_context, off_diagonal_mass
-from test_lm_conditioning import cond_cfg, cond_model, inputs_of
-from lm.conditioning import Condition
 from lm.ar_decode import ARDecoding
+from lm.conditioning import Condition
 from lm.sampling import SamplingOptions
+from test_lm_conditioning import cond_cfg, cond_model, inputs_of
 
 
 def test_the_penalty_is_dc_ttss_w_with_the_speaker_at_full_cost_and_padding_free():
@@ -240,7 +240,8 @@ def test_monotonic_generation_recomputed_equals_cached_and_ends_only_having_read
     assert torch.equal(cached, recomputed) and torch.equal(n_cached, n_recomputed)
     free, _ = generate(model, None, 30, options=ARDecoding(monotonic=False), **common)
     assert not torch.equal(free, cached)  # the window changes what the guided heads read
-    assert torch.equal(cached, generate(model, None, 30, options=ARDecoding(monotonic=True), **common)[0])  # on by default
+    assert torch.equal(cached, generate(model, None, 30, options=ARDecoding(monotonic=True),
+                                        **common)[0])  # on by default
     # a text of 22 bytes read at most a byte a step: with front 6 the end cannot come before step 15
     assert n_cached[0] >= 22 - 1 - 6
 
@@ -252,7 +253,8 @@ def test_monotonic_reading_is_refused_where_there_are_no_reading_heads_and_off_b
     with pytest.raises(ValueError, match="guided attention"):
         generate(unguided, None, 3, condition=Condition(text="a"), options=ARDecoding(monotonic=True))
     common = dict(condition=Condition("ahoj", "font_small"), sampling=SamplingOptions(seed=0))
-    assert torch.equal(generate(unguided, None, 8, **common), generate(unguided, None, 8, options=ARDecoding(monotonic=False), **common))
+    assert torch.equal(generate(unguided, None, 8,
+                                **common), generate(unguided, None, 8, options=ARDecoding(monotonic=False), **common))
     plain = MultiCodebookLM(LMConfig(n_codebooks=3, codebook_size=16, d_model=32, n_layers=1, n_heads=4))
     with pytest.raises(ValueError, match="this LM is not conditioned"):
         generate(plain, None, 3, options=ARDecoding(monotonic=True))

@@ -11,16 +11,15 @@ import pytest
 import torch
 
 from lm import LMConfig, MultiCodebookLM
-from lm.conditioning import NULL_TEXT, PAD_BYTE, ConditionInputs, condition_inputs
-from lm.end_of_audio import layout_with_end
 from lm.ar_decode import iter_decode, plan_generation
+from lm.conditioning import Condition, ConditionInputs, NULL_TEXT, PAD_BYTE, condition_inputs
+from lm.end_of_audio import layout_with_end
 from lm.generate import generate
 from lm.guidance import GuidedDecoder
 from lm.layers import Block, CrossAttention
 from lm.patterns import get_pattern
-from seed_helpers import randomized
 from lm.sampling import SamplingOptions
-from lm.conditioning import Condition
+from seed_helpers import randomized
 
 REPO = Path(__file__).resolve().parents[1]
 SPEAKERS = ["font_small", "font_big", "font_white"]
@@ -46,10 +45,13 @@ def inputs_of(model, texts, speakers) -> ConditionInputs:
     return model.condition_inputs(texts, speakers, len(texts))
 
 
+PAIR = (["ahoj", "loď"], ["font_small", "font_big"])  # two rows' texts and speakers
+
+
 def guided(model, texts, speakers, scale=None, speaker_scale=None) -> GuidedDecoder:
     """The model bound to one text and speaker per row, at these guidance scales (lm.guidance)."""
-    return GuidedDecoder(model, Condition(texts, speakers), SamplingOptions(cfg_scale=scale, speaker_cfg_scale=speaker_scale),
-                         len(texts))
+    sampling = SamplingOptions(cfg_scale=scale, speaker_cfg_scale=speaker_scale)
+    return GuidedDecoder(model, Condition(texts, speakers), sampling, len(texts))
 
 
 def model_inputs(model, codes):
@@ -206,11 +208,11 @@ def test_cfg_scale_1_is_the_conditional_model_and_0_the_unconditional():
     conditional = model(tokens, memory=model.encode_condition(cond))
     unconditional = model(tokens)  # no memory: the null conditions
     assert not torch.allclose(conditional, unconditional, atol=1e-3)
-    one = guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 1.0)
+    one = guided(model, *PAIR, 1.0)
     assert one.memory.batch_size == 2 and one.groups == 1
     torch.testing.assert_close(one(tokens), conditional, atol=1e-12, rtol=0)
-    torch.testing.assert_close(guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 0.0)(tokens), unconditional, atol=1e-12, rtol=0)
-    three = guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 3.0)
+    torch.testing.assert_close(guided(model, *PAIR, 0.0)(tokens), unconditional, atol=1e-12, rtol=0)
+    three = guided(model, *PAIR, 3.0)
     assert three.memory.batch_size == 4
     rows = []
     model.token_embedding.register_forward_hook(lambda m, a, o: rows.append(a[0].shape[0]))
@@ -227,20 +229,20 @@ def test_a_speaker_scale_of_its_own_guides_the_voice_and_the_text_apart():
     conditional = model(tokens, memory=model.encode_condition(cond))
     alone = model(tokens, memory=model.encode_condition(model.condition_inputs(None, ["font_small", "font_big"], 2)))
     unconditional = model(tokens)
-    same = guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 2.0, 2.0)
+    same = guided(model, *PAIR, 2.0, 2.0)
     assert same.memory.batch_size == 4
-    torch.testing.assert_close(same(tokens), guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 2.0)(tokens), atol=1e-12, rtol=0)
-    split = guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 3.0, 1.5)
+    torch.testing.assert_close(same(tokens), guided(model, *PAIR, 2.0)(tokens), atol=1e-12, rtol=0)
+    split = guided(model, *PAIR, 3.0, 1.5)
     assert split.memory.batch_size == 6 and split.new_cache(2).batch_size == 6
     rows = []
     model.token_embedding.register_forward_hook(lambda m, a, o: rows.append(a[0].shape[0]))
     want = unconditional + 1.5 * (alone - unconditional) + 3.0 * (conditional - alone)
     torch.testing.assert_close(split(tokens), want)
     assert rows == [6]
-    torch.testing.assert_close(guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 1.0, 0.0)(tokens),
+    torch.testing.assert_close(guided(model, *PAIR, 1.0, 0.0)(tokens),
                                unconditional + conditional - alone)
     with pytest.raises(ValueError, match="speaker guidance scale must be a finite number >= 0"):
-        guided(model, ["ahoj", "loď"], ["font_small", "font_big"], 2.0, -1)
+        guided(model, *PAIR, 2.0, -1)
 
 
 def test_cached_generation_with_cross_attention_gives_the_full_forward_logits():
@@ -305,7 +307,8 @@ def test_generation_stops_at_the_end_token_row_by_row_and_max_length_still_appli
     model = cond_model()
     prompt = torch.randint(0, 16, (2, 3, 4))
     handle = rigged(model, lambda b: torch.tensor([1e4, -1e4] * (b // 2), dtype=torch.float64)[:, None])
-    codes, lengths = generate(model, prompt, 10, sampling=SamplingOptions(seed=0, cfg_scale=1.0), condition=Condition(text=["a", "b"], speaker="font_big"), return_lengths=True)
+    codes, lengths = generate(model, prompt, 10, sampling=SamplingOptions(seed=0, cfg_scale=1.0),
+                              condition=Condition(text=["a", "b"], speaker="font_big"), return_lengths=True)
     handle.remove()
     assert lengths.tolist() == [4, 14]  # row 0 ended right after its prompt, row 1 ran to the maximum
     assert codes.shape == (2, 3, 14) and (codes[0, :, 4:] == 0).all() and torch.equal(codes[:, :, :4], prompt)
@@ -337,7 +340,8 @@ def test_a_tiny_conditioned_lm_learns_what_each_speaker_says_and_when_to_stop():
         opt.zero_grad()
         model.loss(codes, None, cond, torch.tensor([True, True])).loss.backward()
         opt.step()
-    out, lengths = generate(model, None, 12, sampling=SamplingOptions(greedy=True, cfg_scale=1.0), condition=Condition(speaker=["font_small", "font_big"]), return_lengths=True)
+    out, lengths = generate(model, None, 12, sampling=SamplingOptions(greedy=True, cfg_scale=1.0),
+                            condition=Condition(speaker=["font_small", "font_big"]), return_lengths=True)
     assert lengths.tolist() == [5, 5] and torch.equal(out, codes)
 
 

@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from lm import LMConfig, MultiCodebookLM
+from lm.generate import generate
 from lm.int8 import is_int8, to_int8
+from lm.sampling import SamplingOptions
 from lm.training import LMTrainingModule
 from rvqlm_core.int8_linear import Int8Linear, _full_range_activations, fbgemm_available
 from rvqlm_core.weight_dtype import INT8_SCALE_SUFFIX, dequantize_rows, quantize_rows
-from lm.generate import generate
-from lm.sampling import SamplingOptions
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +100,8 @@ def test_int8_lm_gives_the_float_lms_greedy_tokens_and_close_logits():
     spread = ref.std() * (1 if not fbgemm_available() or _full_range_activations() else 2)
     assert diff.mean() <= 0.03 * spread and diff.max() <= 0.2 * spread, (diff.mean() / spread, diff.max() / spread)
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
-    cached = generate(int8, prompt[..., :20], 6, sampling=SamplingOptions(greedy=True))  # the cache path runs the same int8 layers
+    cached = generate(int8, prompt[..., :20], 6,
+                      sampling=SamplingOptions(greedy=True))  # the cache path runs the same int8 layers
     assert cached.shape == (2, 3, 26) and torch.equal(cached[..., :20], prompt[..., :20])
 
 

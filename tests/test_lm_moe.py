@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from lm import LMConfig, MultiCodebookLM
+from lm.ar_decode import ARDecoding
+from lm.generate import generate
 from lm.layers import SwiGLU
 from lm.moe import MoEFeedForward, balance_loss, moe_aux_loss
-from lm.generate import generate
 from lm.sampling import SamplingOptions
-from lm.ar_decode import ARDecoding
 
 
 def moe_cfg(**overrides) -> LMConfig:

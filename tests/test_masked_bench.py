@@ -12,8 +12,8 @@ import torch
 
 from benchmarks import masked_vs_ar as bench
 from lm.generate import generate
-from lm.sampling import SamplingOptions
 from lm.masked_generate import MaskedDecoding
+from lm.sampling import SamplingOptions
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,8 @@ def test_call_counts_are_what_the_decoders_make(setup):
         del ar.forward
     assert len(calls) == bench.ar_calls(ar, 5, 30) == 30 + 1  # one per frame, and the delay pattern's tail
     steps = []
-    generate(masked, torch.zeros(1, 2, 5, dtype=torch.long), 30, options=MaskedDecoding(steps=[3, 2], window=24, on_step=steps.append))
+    generate(masked, torch.zeros(1, 2, 5, dtype=torch.long), 30,
+             options=MaskedDecoding(steps=[3, 2], window=24, on_step=steps.append))
     assert len(steps) == model_calls(5, 30, 24, [3, 2]) == 2 * 5  # two 24-frame chunks x (3 + 2) steps
 
 

@@ -20,11 +20,11 @@ import torch.nn.functional as F
 
 from codec.quantizer import ResidualVectorQuantizer
 from lm import MultiCodebookLM
-from seed_helpers import tiny, randomized
 from lm.generate import generate
 from lm.layers import Attention, FeedForward, LayerNorm, RMSNorm, SinusoidalPositions, SwiGLU, make_norm
 from lm.rope import RotaryEmbedding, apply_rotary
 from lm.sampling import SamplingOptions
+from seed_helpers import randomized, tiny
 
 
 def seed_rvq(e: list[float], codebooks: list[list[list[float]]]) -> list[int]:
@@ -257,7 +257,8 @@ def test_generation_samples_at_the_last_position_appends_and_repeats(greedy):
 
     model = randomized(MultiCodebookLM(tiny()))
     prompt = torch.tensor([[[3, 1]]])
-    out = generate(model, prompt, 6, sampling=SamplingOptions(temperature=0.8, top_k=5, greedy=greedy), generator=torch.Generator().manual_seed(7))
+    out = generate(model, prompt, 6, sampling=SamplingOptions(temperature=0.8, top_k=5, greedy=greedy),
+                   generator=torch.Generator().manual_seed(7))
     assert out.shape == (1, 1, 8) and torch.equal(out[..., :2], prompt)
     gen = torch.Generator().manual_seed(7)
     seq = [model.config.bos_id, 3, 1]
