@@ -25,21 +25,17 @@ cached path is tested against. Why the sink: docs/experiments.md, "language mode
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
 
 from lm.alignment import ReadingWindow, reads_in_order
-from lm.config import LMConfig
 from lm.end_of_audio import EndTracker
-from lm.generate import DecodeRequest, check_prompt
+from lm.generate import DecodeRequest, ProgressBar, check_prompt
 from lm.guidance import GuidedDecoder
-from lm.kv_cache import KVCache
-from lm.patterns import CodebookPattern
 
 
 @dataclass(frozen=True)
@@ -52,21 +48,6 @@ class ARDecoding:
     use_cache: bool = True
     sink: bool = True
     monotonic: bool | None = None
-
-
-class DecodableLM(Protocol):
-    """What AR decoding uses of a model: an "ar" LM, or a GuidedDecoder binding one to its conditions."""
-
-    config: LMConfig
-    pattern: CodebookPattern
-
-    @property
-    def device(self) -> torch.device: ...
-
-    def __call__(self, tokens: Tensor, cache: KVCache | None = None, window: int | None = None) -> Tensor: ...
-
-    def new_cache(self, batch_size: int, max_len: int | None = None, ring: bool = False,
-                  dtype: torch.dtype | None = None, sink: bool = False) -> KVCache: ...
 
 
 @dataclass
@@ -102,7 +83,7 @@ class GenerationPlan:
         return self.seq.shape[-1]
 
 
-def plan_generation(model: DecodableLM, prompt_codes: Tensor, max_new_frames: int) -> GenerationPlan:
+def plan_generation(model, prompt_codes: Tensor, max_new_frames: int) -> GenerationPlan:
     """Lay the prompt out in pattern space and mark what is forced. prompt_codes [B, N_c, T0]."""
     check_prompt(model, prompt_codes)
     if isinstance(max_new_frames, bool) or not isinstance(max_new_frames, int) or max_new_frames < 0:
@@ -138,7 +119,7 @@ def fresh_window(inputs: Tensor, step: int, window: int) -> Tensor:
 
 
 def iter_decode(
-    model: DecodableLM,
+    model,
     plan: GenerationPlan,
     choose: Callable[[Tensor], Tensor],
     *,
@@ -147,6 +128,7 @@ def iter_decode(
 ) -> Iterator[DecodeStep]:
     """Fill `plan.seq` step by step from `plan.first_step` on, yielding each step's logits and ids.
 
+    model: an "ar" LM, or a GuidedDecoder binding one to its conditions (config, pattern, new_cache, call).
     choose: logits [B, N_c, |V|] -> ids [B, N_c] (e.g. a partial of `sample_next`).
     sink: past the context, keep bos in view as in training (see the module docstring).
     With `plan.end`, only codebook 0 may choose the end id, positions past a row's end are pad,
@@ -191,7 +173,7 @@ def iter_decode(
             return
 
 
-def decode(model: DecodableLM, request: DecodeRequest) -> tuple[Tensor, Tensor]:
+def decode(model, request: DecodeRequest) -> tuple[Tensor, Tensor]:
     """The AR family's decoding (lm.families): the request's prompt continued -> codes [B, N_c, T] (0 past
     a row's end) and lengths [B] in frames, prompt included."""
     options: ARDecoding = request.options
@@ -199,7 +181,7 @@ def decode(model: DecodableLM, request: DecodeRequest) -> tuple[Tensor, Tensor]:
         raise ValueError("this LM is not conditioned: monotonic reading is for an LM trained with a text")
     plan = plan_generation(model, request.prompt, request.new_frames)
     choose = partial(request.sampling.sample, generator=request.generator)
-    bar = _ProgressBar(request.new_frames, request.progress, request.frame_rate)
+    bar = ProgressBar(request.new_frames, request.progress, request.frame_rate)
     try:
         reading = model.config.condition is not None and reads_in_order(model.config, options.monotonic)
         decoder = GuidedDecoder(model, request.condition, request.sampling, plan.seq.shape[0],
@@ -210,7 +192,7 @@ def decode(model: DecodableLM, request: DecodeRequest) -> tuple[Tensor, Tensor]:
     return _frames_of(model, plan)
 
 
-def _frames_of(model: DecodableLM, plan: GenerationPlan) -> tuple[Tensor, Tensor]:
+def _frames_of(model, plan: GenerationPlan) -> tuple[Tensor, Tensor]:
     """The filled plan -> codes [B, N_c, T] (0 past a row's end) and each row's length [B] in frames."""
     codes = model.pattern.revert(plan.seq)
     if plan.end is None:
@@ -218,7 +200,7 @@ def _frames_of(model: DecodableLM, plan: GenerationPlan) -> tuple[Tensor, Tensor
     return plan.end.trim(codes), plan.end.ends.clone()
 
 
-def _decode(model: DecodableLM, plan: GenerationPlan, choose: Callable[[Tensor], Tensor], bar: "_ProgressBar",
+def _decode(model, plan: GenerationPlan, choose: Callable[[Tensor], Tensor], bar: ProgressBar,
             use_cache: bool, sink: bool, on_frames: Callable[[Tensor, Tensor], None] | None = None) -> None:
     """Run `iter_decode` to its end, counting finished frames on the progress bar and handing them
     to `on_frames` (see `generate`)."""
@@ -248,33 +230,3 @@ def _emit_frames(plan: GenerationPlan, delays: list[int], on_frames: Callable[[T
     codes = torch.stack([seq[:, k, start + d: stop + d] for k, d in enumerate(delays)], dim=1)
     past = torch.arange(start, stop, device=seq.device)[None, :] >= ends[:, None]
     on_frames(codes.masked_fill(past[:, None, :], 0), ends)
-
-
-class _ProgressBar:
-    """tqdm over generated frames showing frames/s and the real-time factor; a no-op when disabled."""
-
-    def __init__(self, total: int, enabled: bool, frame_rate: float | None):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="frame", desc="generate", dynamic_ncols=True)
-        self.frame_rate = frame_rate
-        self.start = time.perf_counter()
-        self.count = 0
-        self.last_postfix = 0.0
-
-    def update(self, n: int) -> None:
-        if self.bar is None or n <= 0:
-            return
-        self.count += n
-        self.bar.update(n)
-        now = time.perf_counter()
-        if self.frame_rate and (now - self.last_postfix > 0.5 or self.count == self.bar.total):
-            elapsed = now - self.start
-            self.bar.set_postfix(rtf=f"{elapsed / (self.count / self.frame_rate):.3f}", refresh=False)
-            self.last_postfix = now
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

@@ -119,7 +119,7 @@ class LMConfig:
     n_experts: int = 0  # 0: a dense FFN; E > 0: a mixture of E experts of the `ffn` kind (lm.moe)
     moe_top_k: int = 1  # experts per position (softmax over their router logits)
     moe_aux_weight: float = 0.01  # weight of the load-balancing loss added in training
-    family: str = DEFAULT_FAMILY  # a registered LM family (lm.families): "ar" next-token decoder, "masked" masked-token model
+    family: str = DEFAULT_FAMILY  # a registered LM family (lm.families): "ar" next-token, "masked" masked-token
 
     def __post_init__(self) -> None:
         if isinstance(self.condition, dict):

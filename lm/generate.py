@@ -14,6 +14,7 @@ decoding, lm.masked_generate). A conditioned LM also takes condition=Condition(t
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -133,3 +134,34 @@ def generate(model: Any, prompt_codes: Tensor | None, max_new_frames: int, *,
     finally:
         model.train(was_training)
     return (codes, lengths) if return_lengths else codes
+
+
+class ProgressBar:
+    """tqdm over a family's decoding: frames/s and, given the frame rate, the real-time factor (or model calls
+    with unit="call"); a no-op when disabled."""
+
+    def __init__(self, total: int, enabled: bool, frame_rate: float | None = None, unit: str = "frame"):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit=unit, desc="generate", dynamic_ncols=True)
+        self.frame_rate = frame_rate
+        self.start = time.perf_counter()
+        self.count = 0
+        self.last_postfix = 0.0
+
+    def update(self, n: int) -> None:
+        if self.bar is None or n <= 0:
+            return
+        self.count += n
+        self.bar.update(n)
+        now = time.perf_counter()
+        if self.frame_rate and (now - self.last_postfix > 0.5 or self.count == self.bar.total):
+            elapsed = now - self.start
+            self.bar.set_postfix(rtf=f"{elapsed / (self.count / self.frame_rate):.3f}", refresh=False)
+            self.last_postfix = now
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

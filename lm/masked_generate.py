@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from lm.generate import DecodeRequest
+from lm.generate import DecodeRequest, ProgressBar
 from lm.guidance import GuidedDecoder
 from lm.sampling import SamplingOptions, filter_logits
 
@@ -175,7 +175,7 @@ def decode(model, request: DecodeRequest) -> tuple[Tensor, Tensor]:
         raise ValueError(f"context must be in 0..{window - 1} frames (the window is {window}), got {context}")
     codes = torch.zeros(b, cfg.n_codebooks, total, dtype=torch.long, device=device)
     codes[..., :t0] = prompt
-    bar = _bar(len(chunk_starts(t0, total, window, context)) * sum(level_steps), request.progress)
+    bar = ProgressBar(len(chunk_starts(t0, total, window, context)) * sum(level_steps), request.progress, unit="call")
     try:
         decoder = GuidedDecoder(model, request.condition, request.sampling, b)
         choose = _chooser(request.sampling, request.generator, check_choice_temperature(options.choice_temperature))
@@ -183,11 +183,9 @@ def decode(model, request: DecodeRequest) -> tuple[Tensor, Tensor]:
                                        stretch=window > cfg.max_frames):
             if options.on_step is not None:
                 options.on_step(step)
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     return codes, torch.full((b,), total, dtype=torch.long, device=device)
 
 
@@ -215,11 +213,3 @@ def model_calls(prompt_frames: int, new_frames: int, window: int, steps: list[in
     """Sequential model calls masked decoding makes for this request (chunks x sum of the steps)."""
     context = window // 2 if context is None else context
     return len(chunk_starts(prompt_frames, prompt_frames + new_frames, window, context)) * sum(steps)
-
-
-def _bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="call", desc="masked decode", dynamic_ncols=True, mininterval=0.5)

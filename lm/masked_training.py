@@ -15,7 +15,7 @@ DDP, tokens/s and MFU, per-level losses, export) with the masked objective of lm
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -91,18 +91,6 @@ class MaskedLMTrainingModule(LMTrainingModule):
             return out.loss
         self.log("train/moe_aux", aux.detach(), on_step=True, on_epoch=False)
         return out.loss + self.lm_config.moe_aux_weight * aux
-
-    def _log_losses(self, stage: str, nll_sum: Tensor, count: Tensor, loss: Tensor | None = None) -> None:
-        """LMTrainingModule's metrics, each level's only where it had targets (a training batch draws a few)."""
-        on_step = stage == "train"
-        kw = dict(on_step=on_step, on_epoch=not on_step, sync_dist=False)
-        overall = loss if loss is not None else (nll_sum.sum() / count.sum().clamp(min=1)).float()
-        self.log(f"{stage}/loss", overall, prog_bar=True, **kw)
-        self.log(f"{stage}/ppl", overall.exp(), **kw)
-        for q in count.nonzero()[:, 0].tolist():
-            level = (nll_sum[q] / count[q]).float()
-            self.log(f"{stage}/loss_cb{q}", level, **kw)
-            self.log(f"{stage}/ppl_cb{q}", level.exp(), **kw)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         g = seeded_generator(self.device, "valid", VALID_SEED, batch_idx, self.global_rank)

@@ -228,15 +228,17 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
 
     def _log_losses(self, stage: str, nll_sum: Tensor, count: Tensor, loss: Tensor | None = None) -> None:
-        per_cb = (nll_sum / count.clamp(min=1)).float()
+        """Loss and perplexity overall and per codebook (level), each codebook's only where it had targets
+        (a masked LM's training batch scores a few levels)."""
         overall = loss if loss is not None else (nll_sum.sum() / count.sum().clamp(min=1)).float()
         on_step = stage == "train"
         kw = dict(on_step=on_step, on_epoch=not on_step, sync_dist=False)
         self.log(f"{stage}/loss", overall, prog_bar=True, **kw)
         self.log(f"{stage}/ppl", overall.exp(), **kw)
-        for k in range(per_cb.numel()):
-            self.log(f"{stage}/loss_cb{k}", per_cb[k], **kw)
-            self.log(f"{stage}/ppl_cb{k}", per_cb[k].exp(), **kw)
+        for k in count.nonzero()[:, 0].tolist():
+            per_cb = (nll_sum[k] / count[k]).float()
+            self.log(f"{stage}/loss_cb{k}", per_cb, **kw)
+            self.log(f"{stage}/ppl_cb{k}", per_cb.exp(), **kw)
 
     # -- validation: token-weighted over every held-out window of every rank ----------------------
     def on_validation_epoch_start(self) -> None:

@@ -63,7 +63,8 @@ def _decoder_into_conditioned(model: nn.Module, start: nn.Module, source: str) -
         if name not in mine:
             continue
         if name == "token_embedding.weight":
-            _copy_rows(mine[name], tensor, model.config.n_codebooks, [(slice(0, v), slice(0, v)), (v + 1, v), (v + 2, v + 1)])
+            _copy_rows(mine[name], tensor, model.config.n_codebooks,
+                       [(slice(0, v), slice(0, v)), (v + 1, v), (v + 2, v + 1)])
         elif name == "head_weight":
             mine[name][:, :v].copy_(tensor)  # row v, the end-of-audio logit, stays fresh
         elif mine[name].shape != tensor.shape:
