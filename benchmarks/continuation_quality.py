@@ -160,14 +160,16 @@ def check_pairing(model, codec, tokens_dir: str) -> None:
 
     fp = codec.token_fingerprint()
     if model.config.codec_fingerprint is not None and not codec.accepts_tokens(model.config.codec_fingerprint):
-        raise ValueError(f"codec mismatch: the LM was trained on tokens of codec {model.config.codec_fingerprint[:16]}, "
+        raise ValueError("codec mismatch: the LM was trained on tokens of codec "
+                         f"{model.config.codec_fingerprint[:16]}, "
                          f"the given codec's tokens are {fp[:16]}")
     tokens_fp = TokenShards.open(tokens_dir).fingerprint
     if not codec.accepts_tokens(tokens_fp):
         raise ValueError(f"codec mismatch: {tokens_dir} holds tokens of codec {str(tokens_fp)[:16]}, "
                          f"the given codec is {fp[:16]}")
     if (model.config.n_codebooks, model.config.codebook_size) != (codec.n_codebooks, codec.codebook_size):
-        raise ValueError(f"the LM models N_c={model.config.n_codebooks}, |V|={model.config.codebook_size}; the codec has "
+        raise ValueError(f"the LM models N_c={model.config.n_codebooks}, |V|={model.config.codebook_size}; "
+                         "the codec has "
                          f"N_c={codec.n_codebooks}, |V|={codec.codebook_size}")
 
 

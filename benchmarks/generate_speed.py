@@ -75,7 +75,7 @@ def copy_bandwidth(mbytes: int = 256, repeats: int = 5) -> float:
 def time_cached(model: MultiCodebookLM, batch: int, frames: int) -> tuple[float, float]:
     """(wall seconds, process CPU seconds) of one cached generation of `frames` frames on the model's device."""
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-    generate(model, None, 16, sampling=SamplingOptions(top_k=250, seed=0), batch_size=batch)  # warm-up (allocator, kernels)
+    generate(model, None, 16, sampling=SamplingOptions(top_k=250, seed=0), batch_size=batch)  # warm-up
     sync()
     t, c = time.perf_counter(), time.process_time()
     generate(model, None, frames, sampling=SamplingOptions(top_k=250, seed=0), batch_size=batch)

@@ -278,7 +278,8 @@ def load(args):
 
     ar, masked = load_lm(args.ar).eval(), load_lm(args.masked).eval()
     if not (isinstance(ar, MultiCodebookLM) and isinstance(masked, MaskedLM)):
-        raise ValueError(f"--ar must be an AR LM and --masked a masked LM; got {ar.config.family} and {masked.config.family}")
+        raise ValueError(f"--ar must be an AR LM and --masked a masked LM; got {ar.config.family} and "
+                         f"{masked.config.family}")
     codec = Codec.from_pretrained(args.codec).eval()
     check_pairing(ar, codec, args.tokens)
     check_pairing(masked, codec, args.tokens)

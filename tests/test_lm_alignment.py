@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lm import LMConfig, MultiCodebookLM
-from lm.alignment import forward_recording, guide_penalty, guided_attention_loss, noisy_context, off_diagonal_mass
+from lm.alignment import forward_recording, guide_penalty, noisy_context, off_diagonal_mass
 from lm.ar_decode import ARDecoding
 from lm.conditioning import Condition
 from lm.sampling import SamplingOptions
