@@ -178,12 +178,7 @@ def family_options(args: argparse.Namespace, lm_model):
                          "make its frames one by one")
     given = {"steps": args.steps, "window": args.window, "choice_temperature": args.choice_temperature,
              "use_cache": False if args.no_cache else None, "monotonic": args.monotonic}
-    options = family.make_options(given, FAMILY_FLAGS)
-    if getattr(options, "steps", None) is not None:
-        from lm.masked_generate import steps_per_level
-
-        steps_per_level(options.steps, lm_model.config.n_codebooks)
-    return options
+    return family.make_options(given, FAMILY_FLAGS)
 
 
 def check_length(args: argparse.Namespace, lm_model, codec, prompt_frames: int, new_frames: int) -> None:
