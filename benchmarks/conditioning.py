@@ -46,6 +46,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lm.ar_decode import ARDecoding
+from lm.conditioning import Condition
+from lm.sampling import SamplingOptions
 from rvqlm.cli import run_script
 
 VARIANTS = ("true", "texts shuffled", "speakers swapped", "null")
@@ -106,7 +109,7 @@ def nll_by_file(model, shards, entries: list[int], texts: list[str], speakers: l
     """Summed code NLL and target counts per file and codebook ([F, N_c] each) of the files `entries`
     under the given conditions (one text and speaker per file; the text on each file's first window),
     then the same two over each file's first `head_frames` frames only."""
-    cfg = model.cfg
+    cfg = model.config
     window = cfg.max_frames
     spans = [(f, start, min(window, shards.entries[e].n_frames - start))
              for f, e in enumerate(entries) for start in range(0, shards.entries[e].n_frames, window)]
@@ -143,7 +146,7 @@ def conditioning_gain(model, shards, files, voices: tuple[str, str], n: int, see
     rng = np.random.default_rng(seed)
     texts, speakers = [files.texts[i] for i in keep], [files.speakers[i] for i in keep]
     variants = {"true": (texts, speakers), "texts shuffled": (shuffled(texts, rng), speakers),
-                "speakers swapped": (texts, swapped(speakers, voices, model.cfg.condition.speakers, rng)),
+                "speakers swapped": (texts, swapped(speakers, voices, model.config.condition.speakers, rng)),
                 "null": ([""] * len(keep), [""] * len(keep))}
     entries = [files.entry_indices[i] for i in keep]
     per_file = {}
@@ -192,13 +195,13 @@ def clip_scores(wav: np.ndarray, sample_rate: int) -> tuple[float, float, float]
 
 @contextmanager
 def logged_reading():
-    """While open, every lm.alignment.ReadingWindow that lm.guidance makes logs each step's bytes crossed,
-    push and forced end ([R] each); yields the list of windows made."""
-    import lm.guidance as guidance
+    """While open, every lm.alignment.ReadingWindow that AR decoding (lm.ar_decode) makes logs each step's bytes
+    crossed, push and forced end ([R] each); yields the list of windows made."""
+    import lm.ar_decode as decoding
 
     made = []
 
-    class Logged(guidance.ReadingWindow):
+    class Logged(decoding.ReadingWindow):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.log: list[tuple[Tensor, Tensor, Tensor]] = []
@@ -210,11 +213,11 @@ def logged_reading():
             self.log.append((self.pos.floor() - before, self.pushed.clone(), self.forced.clone()))
             return out
 
-    plain, guidance.ReadingWindow = guidance.ReadingWindow, Logged
+    plain, decoding.ReadingWindow = decoding.ReadingWindow, Logged
     try:
         yield made
     finally:
-        guidance.ReadingWindow = plain
+        decoding.ReadingWindow = plain
 
 
 def reading_summary(window, lengths: Tensor, max_frames: int) -> dict:
@@ -254,9 +257,11 @@ def generated_clips(model, codec, texts: list[str], voices: tuple[str, str], sca
 
     rows = [(i, v) for i in range(len(texts)) for v in voices]
     with logged_reading() as windows:
-        codes, lengths = generate(model, None, max_frames, text=[texts[i] for i, _ in rows],
-                                  speaker=[v for _, v in rows], cfg_scale=scale, speaker_cfg_scale=speaker_scale,
-                                  return_lengths=True, seed=seed, monotonic=monotonic, **(sampling or {}))
+        codes, lengths = generate(model, None, max_frames, return_lengths=True,
+                                  sampling=SamplingOptions(seed=seed, cfg_scale=scale, speaker_cfg_scale=speaker_scale,
+                                                           **(sampling or {})),
+                                  condition=Condition([texts[i] for i, _ in rows], [v for _, v in rows]),
+                                  options=ARDecoding(monotonic=monotonic))
     reading = reading_summary(windows[-1], lengths, max_frames) if windows else None
     clips = []
     for r, (i, v) in enumerate(rows):
@@ -342,14 +347,14 @@ def load_pair(args):
     from rvqlm_core.token_shards import TokenShards
 
     model = MultiCodebookLM.from_pretrained(args.lm).eval()
-    if model.cfg.condition is None:
+    if model.config.condition is None:
         raise ValueError(f"{args.lm} is not a conditioned LM (no condition encoder): nothing to measure; train "
                          "one with recipes/lm_speech_conditioned.yaml")
     for v in args.voices:
-        model.cfg.condition.speaker_id(v)  # ValueError naming the known speakers
+        model.config.condition.speaker_id(v)  # ValueError naming the known speakers
     codec = Codec.from_pretrained(args.codec).eval()
     shards = TokenShards.open(args.tokens)
-    check_fingerprint(model.cfg.codec_fingerprint, shards.fingerprint, args.tokens)
+    check_fingerprint(model.config.codec_fingerprint, shards.fingerprint, args.tokens)
     if not codec.accepts_tokens(shards.fingerprint):
         raise ValueError(f"codec mismatch: {args.tokens} holds tokens of codec {str(shards.fingerprint)[:16]}, "
                          f"the given codec's are {codec.token_fingerprint()[:16]}")
@@ -380,7 +385,7 @@ def run(args) -> dict:
                                "seconds_taken": time.perf_counter() - t0}
     from lm.alignment import reads_in_order
 
-    monotonic = reads_in_order(model.cfg, args.monotonic)
+    monotonic = reads_in_order(model.config, args.monotonic)
     bytes_r = pearson(real["seconds"], [len(t.encode("utf-8")) for t in texts])
     return {"gain": gain, "lines": [files.relpaths[i] for i in lines], "texts": texts, "monotonic": monotonic,
             "real_seconds_vs_text_bytes_r": bytes_r,
@@ -464,10 +469,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--max-files must be >= 2, --threads >= 1, --max-seconds > 0 and every --cfg and --speaker-cfg >= 0")
     if args.voices[0] == args.voices[1]:
         p.error("--voices must name two different speakers")
-    from lm.sampling import check_sampling_args
 
     try:
-        check_sampling_args(args.temperature, args.top_k, args.top_p, greedy=False)
+        SamplingOptions(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
         p.error(str(e).split(";")[0])  # its hint names rvqlm generate's --greedy, which this script lacks
     torch.set_num_threads(args.threads)

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lm.sampling import SamplingOptions
 from rvqlm.cli import run_script
 from rvqlm.quality.metrics import repetition, silence_share
 
@@ -77,7 +78,7 @@ def continuation_nll(model, codes: torch.Tensor, start: int) -> torch.Tensor:
     calls. Longer than the LM's context, only the last `max_frames` frames are scored (the
     earlier ones are their context).
     """
-    cfg = model.cfg
+    cfg = model.config
     t = codes.shape[-1]
     if not 0 <= start < t:
         raise ValueError(f"start must be in 0..{t - 1}, got {start}")
@@ -158,15 +159,17 @@ def check_pairing(model, codec, tokens_dir: str) -> None:
     from rvqlm_core.token_shards import TokenShards
 
     fp = codec.token_fingerprint()
-    if model.cfg.codec_fingerprint is not None and not codec.accepts_tokens(model.cfg.codec_fingerprint):
-        raise ValueError(f"codec mismatch: the LM was trained on tokens of codec {model.cfg.codec_fingerprint[:16]}, "
+    if model.config.codec_fingerprint is not None and not codec.accepts_tokens(model.config.codec_fingerprint):
+        raise ValueError("codec mismatch: the LM was trained on tokens of codec "
+                         f"{model.config.codec_fingerprint[:16]}, "
                          f"the given codec's tokens are {fp[:16]}")
     tokens_fp = TokenShards.open(tokens_dir).fingerprint
     if not codec.accepts_tokens(tokens_fp):
         raise ValueError(f"codec mismatch: {tokens_dir} holds tokens of codec {str(tokens_fp)[:16]}, "
                          f"the given codec is {fp[:16]}")
-    if (model.cfg.n_codebooks, model.cfg.codebook_size) != (codec.n_codebooks, codec.codebook_size):
-        raise ValueError(f"the LM models N_c={model.cfg.n_codebooks}, |V|={model.cfg.codebook_size}; the codec has "
+    if (model.config.n_codebooks, model.config.codebook_size) != (codec.n_codebooks, codec.codebook_size):
+        raise ValueError(f"the LM models N_c={model.config.n_codebooks}, |V|={model.config.codebook_size}; "
+                         "the codec has "
                          f"N_c={codec.n_codebooks}, |V|={codec.codebook_size}")
 
 
@@ -187,8 +190,8 @@ def run_benchmark(model, codec, prompts: Prompts, new_frames: int, *, seed: int,
     results = {}
     for s in settings:
         t0 = time.perf_counter()
-        codes = generate(model, prompts.codes, new_frames, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                         greedy=s.greedy, seed=seed, progress=progress, frame_rate=codec.frame_rate)
+        codes = generate(model, prompts.codes, new_frames, progress=progress, frame_rate=codec.frame_rate,
+                         sampling=SamplingOptions(s.temperature, s.top_k, s.top_p, s.greedy, seed))
         gen_seconds = time.perf_counter() - t0
         results[s.name] = {**measure(model, codec, list(codes), start, ngram, silence_dbfs).means(),
                            "generate_seconds": gen_seconds,

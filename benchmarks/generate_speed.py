@@ -39,8 +39,9 @@ from pathlib import Path
 import torch
 
 from lm import LMConfig, MultiCodebookLM
+from lm.ar_decode import ARDecoding
 from lm.generate import generate
-from lm.sampling import sample_next
+from lm.sampling import SamplingOptions, sample_next
 
 FRAME_RATE = 50
 
@@ -74,10 +75,10 @@ def copy_bandwidth(mbytes: int = 256, repeats: int = 5) -> float:
 def time_cached(model: MultiCodebookLM, batch: int, frames: int) -> tuple[float, float]:
     """(wall seconds, process CPU seconds) of one cached generation of `frames` frames on the model's device."""
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-    generate(model, None, 16, batch_size=batch, top_k=250, seed=0)  # warm-up (allocator, kernels)
+    generate(model, None, 16, sampling=SamplingOptions(top_k=250, seed=0), batch_size=batch)  # warm-up
     sync()
     t, c = time.perf_counter(), time.process_time()
-    generate(model, None, frames, batch_size=batch, top_k=250, seed=0)
+    generate(model, None, frames, sampling=SamplingOptions(top_k=250, seed=0), batch_size=batch)
     sync()
     return time.perf_counter() - t, time.process_time() - c
 
@@ -85,7 +86,7 @@ def time_cached(model: MultiCodebookLM, batch: int, frames: int) -> tuple[float,
 @torch.inference_mode()
 def recompute_step_time(model: MultiCodebookLM, batch: int, length: int, repeats: int = 2) -> float:
     """Seconds for one no-cache step at prefix length `length`: full forward + sampling the last position."""
-    cfg = model.cfg
+    cfg = model.config
     tokens = torch.randint(0, cfg.codebook_size, (batch, cfg.n_codebooks, length))
     g = torch.Generator().manual_seed(0)
     best = float("inf")
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         cached, cached_cpu = time_cached(model, batch, args.frames)
         if args.exact_recompute:
             t = time.perf_counter()
-            generate(model, None, args.frames, batch_size=batch, top_k=250, seed=0, use_cache=False)
+            generate(model, None, args.frames, sampling=SamplingOptions(top_k=250, seed=0),
+                     options=ARDecoding(use_cache=False), batch_size=batch)
             recompute, how = time.perf_counter() - t, "recompute (measured)"
             coef = None
         else:
@@ -202,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = steps - args.check_frames - n_c + 1
         prompt = torch.randint(0, 1024, (1, n_c, t0))
         t = time.perf_counter()
-        generate(model, prompt, args.check_frames, top_k=250, seed=0, use_cache=False)
+        generate(model, prompt, args.check_frames, sampling=SamplingOptions(top_k=250, seed=0),
+                 options=ARDecoding(use_cache=False))
         real = time.perf_counter() - t
         coef = results["batches"]["1"]["recompute_fit"]["coef_a_b_c"]
         fit = predicted_recompute(coef, t0 + 1, steps)
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Per-frame latency at batch 1 against the memory-bandwidth bound (steady state: 1 frame = 1 step).
     if "1" in results["batches"]:
-        cfg = model.cfg
+        cfg = model.config
         mean_context = (steps + 1) / 2
         kv_bytes = 2 * cfg.n_layers * cfg.kv_heads * cfg.head_dim * 4 * mean_context  # K and V, fp32
         step = results["batches"]["1"]["cache_s"] / steps

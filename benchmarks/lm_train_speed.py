@@ -46,7 +46,7 @@ def time_steps(frames: int, batch: int, threads: int, precision: str, compile_mo
     dev = torch.device(device)
     model = build(frames, **(model or {})).to(dev).train()
     optimizer = torch.optim.AdamW(decay_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95), fused=True)  # as in training
-    cfg = model.cfg
+    cfg = model.config
     codes = torch.randint(0, cfg.codebook_size, (batch, cfg.n_codebooks, frames), device=dev)
     mask = torch.ones(batch, frames, dtype=torch.bool, device=dev)
     loss_fn = torch.compile(model.loss, backend=compile_backend) if compile_model else model.loss

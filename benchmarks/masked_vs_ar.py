@@ -43,6 +43,9 @@ if str(REPO) not in sys.path:  # run as a script: benchmarks/ is a package of th
 
 from benchmarks.continuation_quality import held_out_prompts, measure  # noqa: E402
 from rvqlm.cli import run_script  # noqa: E402
+from lm.generate import generate
+from lm.masked_generate import MaskedDecoding
+from lm.sampling import SamplingOptions
 
 
 # ---- machine bounds ---------------------------------------------------------------------------------
@@ -61,7 +64,7 @@ def memory_bandwidth(n_bytes: int = 1 << 27, repeats: int = 3) -> float:
 
 def matmul_params(model) -> int:
     """Parameters used in matrix products per frame: the blocks' matrices and every head."""
-    cfg = model.cfg
+    cfg = model.config
     blocks = sum(p.numel() for p in model.blocks.parameters() if p.dim() == 2)
     return blocks + cfg.n_codebooks * cfg.n_outputs * cfg.d_model
 
@@ -79,17 +82,15 @@ def bound(model, calls: int, frames_per_call: float, batch: int, peak: float, ba
 
 def ar_calls(ar, prompt_frames: int, new_frames: int) -> int:
     """Sequential AR model calls: one per pattern step after the prompt (the prefill is the first)."""
-    from lm.generate import plan_generation
+    from lm.ar_decode import plan_generation
 
-    plan = plan_generation(ar, torch.zeros(1, ar.cfg.n_codebooks, prompt_frames, dtype=torch.long), new_frames)
+    plan = plan_generation(ar, torch.zeros(1, ar.config.n_codebooks, prompt_frames, dtype=torch.long), new_frames)
     return plan.n_steps - plan.first_step
 
 
 def run_ar(ar, prompts: torch.Tensor, new_frames: int, args, seed: int) -> tuple[torch.Tensor, float]:
-    from lm.generate import generate
-
     t0 = time.perf_counter()
-    codes = generate(ar, prompts, new_frames, temperature=args.temperature, top_k=args.top_k, seed=seed)
+    codes = generate(ar, prompts, new_frames, sampling=SamplingOptions(args.temperature, args.top_k, seed=seed))
     return codes, time.perf_counter() - t0
 
 
@@ -97,8 +98,8 @@ def run_masked(masked, prompts: torch.Tensor, new_frames: int, args, seed: int, 
                window: int | None = None, tau: float | None = None) -> tuple[torch.Tensor, float]:
     t0 = time.perf_counter()
     tau = args.choice_temperature if tau is None else tau
-    codes = masked.generate(prompts, new_frames, steps=steps, temperature=args.temperature, top_k=args.top_k,
-                            seed=seed, window=window, choice_temperature=tau)
+    codes = generate(masked, prompts, new_frames, sampling=SamplingOptions(args.temperature, args.top_k, seed=seed),
+                     options=MaskedDecoding(steps=steps, window=window, choice_temperature=tau))
     return codes, time.perf_counter() - t0
 
 
@@ -107,8 +108,8 @@ def run_masked(masked, prompts: torch.Tensor, new_frames: int, args, seed: int, 
 def masked_variants(masked, total_frames: int, args) -> list[tuple[str, int]]:
     """("masked", its window) unless --no-chunked and, with --one-pass, ("masked 1 pass", the whole clip as one
     window)."""
-    return ([] if args.no_chunked else [("masked", masked.cfg.max_frames)]) + (
-        [("masked 1 pass", max(total_frames, masked.cfg.max_frames))] if args.one_pass else [])
+    return ([] if args.no_chunked else [("masked", masked.config.max_frames)]) + (
+        [("masked 1 pass", max(total_frames, masked.config.max_frames))] if args.one_pass else [])
 
 
 def masked_settings(masked, total_frames: int, args) -> list[tuple[str, list[int], int, float]]:
@@ -116,7 +117,7 @@ def masked_settings(masked, total_frames: int, args) -> list[tuple[str, list[int
     (--steps, its --sweep of level 0, --step-lists) x choice temperature (--choice-temperature, --choice-sweep)."""
     from lm.masked_generate import check_choice_temperature, steps_per_level
 
-    n_c = masked.cfg.n_codebooks
+    n_c = masked.config.n_codebooks
     base = steps_per_level(args.steps, n_c)
     lists = [base] + [[first, *base[1:]] for first in args.sweep if first != base[0]]
     lists += [s for s in (steps_per_level(x, n_c) for x in args.step_lists) if s not in lists]
@@ -131,7 +132,7 @@ def speed(ar, masked, prompts: torch.Tensor, new_frames: int, args, frame_rate: 
     from lm.masked_generate import model_calls, steps_per_level
 
     t0, seconds = prompts.shape[-1], new_frames / frame_rate
-    steps = steps_per_level(args.steps, masked.cfg.n_codebooks)
+    steps = steps_per_level(args.steps, masked.config.n_codebooks)
     runs = [("AR (KV cache)", ar, ar_calls(ar, t0, new_frames), 1,
              lambda p: run_ar(ar, p, new_frames, args, args.seed))]
     for name, window in masked_variants(masked, t0 + new_frames, args):
@@ -220,7 +221,7 @@ def masked_nll_table(masked, tokens: str, split: str, ratios: list[float], windo
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--masked", required=True, help="a saved masked LM folder (rvqlm train-masked-lm)")
+    p.add_argument("--masked", required=True, help="a saved masked LM folder (rvqlm train-lm with a masked recipe)")
     p.add_argument("--ar", default="models/lm-speech-16k", help="the AR LM to compare with and score by")
     p.add_argument("--codec", default="models/codec-speech-16k")
     p.add_argument("--tokens", required=True, help="a token folder of the corpus made with that codec")
@@ -272,11 +273,13 @@ def parse_args(argv):
 def load(args):
     from benchmarks.continuation_quality import check_pairing
     from codec import Codec
-    from lm.families import load_lm
+    from lm import MaskedLM, MultiCodebookLM
+    from lm.trunk import load_lm
 
     ar, masked = load_lm(args.ar).eval(), load_lm(args.masked).eval()
-    if ar.cfg.family != "ar" or masked.cfg.family != "masked":
-        raise ValueError(f"--ar must be an AR LM and --masked a masked LM; got {ar.cfg.family} and {masked.cfg.family}")
+    if not (isinstance(ar, MultiCodebookLM) and isinstance(masked, MaskedLM)):
+        raise ValueError(f"--ar must be an AR LM and --masked a masked LM; got {ar.config.family} and "
+                         f"{masked.config.family}")
     codec = Codec.from_pretrained(args.codec).eval()
     check_pairing(ar, codec, args.tokens)
     check_pairing(masked, codec, args.tokens)

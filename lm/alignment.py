@@ -9,14 +9,11 @@ to text byte j is
 
     W[s, j] = 1 - exp(-((j + 1/2) / L - (s + 1/2) / S)^2 / (2 g^2))
 
-and the speaker's source position (index 0) costs W = 1, so a guided head cannot rest on it. Where
-the true alignment is known (positions a_s, the byte said at step s: espeak-ng's own events for
-synthetic lines, lm.data), the penalty is centred on it instead, W[s, j] = 1 - exp(-(j + 1/2 - a_s)^2
-/ (2 g_b^2)) with g_b in bytes, and the row need not hold its file's end. The
+and the speaker's source position (index 0) costs W = 1, so a guided head cannot rest on it. The
 loss is sum_j A[s, j] W[s, j], the attention mass a head puts off the diagonal (0..1), averaged
 over the guided heads of every layer, the row's S positions and the guided rows. A row is guided
-when it reads a text and its window holds the whole file or has the alignment: elsewhere the
-diagonal is unknown.
+when it reads a text and its window holds the whole file: elsewhere the diagonal is unknown.
+(Centring the penalty on a known alignment instead was tried: docs/experiments.md.)
 
 Context noise replaces input codes by random ones (Tacotron's prenet-dropout bottleneck): with an
 unreliable audio history the decoder leans on its conditions.
@@ -30,53 +27,39 @@ import torch
 from torch import Tensor
 
 
-def guide_penalty(text_len: Tensor, seq_len: Tensor, n_positions: int, width: int, sigma: float,
-                  positions: Tensor | None = None, sigma_bytes: float = 3.0) -> Tensor:
+def guide_penalty(text_len: Tensor, seq_len: Tensor, n_positions: int, width: int, sigma: float) -> Tensor:
     """W [B, S, M] for texts of text_len [B] bytes and rows of seq_len [B] positions, over S =
-    n_positions and M = width source positions (speaker, then bytes 1..L, then padding: W = 0 there).
-    Rows with known positions [B, T] (the byte said at frame t; NaN: unknown) are centred on them
-    instead of the diagonal, with width sigma_bytes bytes: step s reads frame s (codebook 0 has no
-    delay in any pattern), and steps past T the last frame's byte."""
+    n_positions and M = width source positions (speaker, then bytes 1..L, then padding: W = 0 there)."""
     device = text_len.device
     s = torch.arange(n_positions, device=device, dtype=torch.float32)[None, :, None]
     j = torch.arange(width, device=device, dtype=torch.float32)[None, None, :] - 1  # byte index; -1: speaker
     L = text_len.clamp_min(1).float()[:, None, None]
     S = seq_len.clamp_min(1).float()[:, None, None]
     w = 1.0 - torch.exp(-((j + 0.5) / L - (s + 0.5) / S) ** 2 / (2.0 * sigma ** 2))
-    if positions is not None:
-        steps = torch.arange(n_positions, device=device).clamp_max(positions.shape[1] - 1)
-        centre = positions.to(device=device, dtype=torch.float32)[:, steps, None]  # [B, S, 1]
-        aligned = 1.0 - torch.exp(-(j + 0.5 - centre) ** 2 / (2.0 * sigma_bytes ** 2))
-        w = torch.where(centre.isnan(), w, aligned)
     w = torch.where(j < 0, torch.ones_like(w), w)
     return torch.where(j < L, w, torch.zeros_like(w))
 
 
 def guided_attention_loss(weights: Sequence[Tensor], memory, ends: Tensor | None, valid: Tensor,
-                          condition_cfg, condition=None) -> Tensor:
+                          condition_cfg) -> Tensor:
     """weights: per layer [B, h, S, M] attention (rows sum to 1 over M); memory: the CrossMemory read
     (its text_len [B], after condition dropout); ends [B] bool (the window holds its file's end; None:
-    no row does); valid [B, N_c, S] the targets scored; condition_cfg: the ConditionConfig (widths);
-    condition: the ConditionInputs read, whose positions (if any) are the rows' alignments -> the mean
-    off-diagonal mass (a scalar; 0 when no row is guided). A row is guided when it reads a text and
-    holds its file's end (the diagonal is known) or has an alignment."""
-    positions = None if condition is None else condition.positions
+    no row does); valid [B, N_c, S] the targets scored; condition_cfg: the ConditionConfig (its width)
+    -> the mean off-diagonal mass (a scalar; 0 when no row is guided). A row is guided when it reads a
+    text and holds its file's end (the diagonal is known)."""
     known = ends.to(valid.device) if ends is not None else torch.zeros_like(memory.text_len, dtype=torch.bool)
-    if positions is not None:
-        known = known | ~positions[:, 0].isnan().to(valid.device)
     return off_diagonal_mass(weights, memory.text_len, valid.any(1).sum(-1), (memory.text_len > 0) & known,
-                             condition_cfg.guided_sigma, positions, condition_cfg.guided_sigma_bytes)
+                             condition_cfg.guided_sigma)
 
 
 def off_diagonal_mass(weights: Sequence[Tensor], text_len: Tensor, seq_len: Tensor, rows: Tensor,
-                      sigma: float, positions: Tensor | None = None, sigma_bytes: float = 3.0) -> Tensor:
+                      sigma: float) -> Tensor:
     """weights: per layer [B, h, S, M]; text_len [B] bytes read; seq_len [B] real positions of each
-    row; rows [B] bool, the rows to guide; positions as guide_penalty's -> the mean off-diagonal mass
-    (0 when no row is guided)."""
+    row; rows [B] bool, the rows to guide -> the mean off-diagonal mass (0 when no row is guided)."""
     if not weights:
         raise ValueError("no recorded cross-attention weights to guide")
     b, _, n_positions, width = weights[0].shape
-    penalty = guide_penalty(text_len, seq_len, n_positions, width, sigma, positions, sigma_bytes)  # [B, S, M]
+    penalty = guide_penalty(text_len, seq_len, n_positions, width, sigma)  # [B, S, M]
     real = torch.arange(n_positions, device=seq_len.device)[None, :] < seq_len[:, None]  # [B, S]
     take = (real & rows[:, None]).float()
     if not bool(take.any()):
@@ -138,8 +121,8 @@ class ReadingWindow:
             raise ValueError(f"the reading window needs linger >= 0 and patience >= 0 (or None); got {linger}, "
                              f"{patience}")
         self.attns = [block.cross_attn for block in model.blocks if block.cross_attn is not None]
-        self.heads, self.end_id = model.cfg.condition.guided_heads, model.cfg.end_id
-        if not model.cfg.condition.guided:
+        self.heads, self.end_id = model.config.condition.guided_heads, model.config.end_id
+        if not model.config.condition.guided:
             raise ValueError("the reading window needs an LM trained with guided attention "
                              "(condition.guided_attention > 0 and guided_heads > 0)")
         self.back, self.front, self.step, self.linger, self.patience = back, front, float(step), linger, patience

@@ -43,21 +43,17 @@ TEXT_ROWS = 258  # 256 byte values + PAD_BYTE + NULL_TEXT
 @dataclass
 class ConditionInputs:
     """A batch of conditions. text [B, L] long byte values (PAD_BYTE past each text's end);
-    text_len [B] long, 0 = null text; speaker [B] long, ConditionConfig.null_speaker = null.
-    positions [B, T] float, for training only: the byte of the text said at each frame (NaN:
-    unknown; lm.data), which guided attention follows (lm.alignment); None: unknown everywhere."""
+    text_len [B] long, 0 = null text; speaker [B] long, ConditionConfig.null_speaker = null."""
 
     text: Tensor
     text_len: Tensor
     speaker: Tensor
-    positions: Tensor | None = None
 
     def __len__(self) -> int:
         return self.speaker.shape[0]
 
     def to(self, device: torch.device | str) -> "ConditionInputs":
-        positions = None if self.positions is None else self.positions.to(device)
-        return ConditionInputs(self.text.to(device), self.text_len.to(device), self.speaker.to(device), positions)
+        return ConditionInputs(self.text.to(device), self.text_len.to(device), self.speaker.to(device))
 
     def nulled(self, null_speaker: int, text: Tensor | None = None, speaker: Tensor | None = None
                ) -> "ConditionInputs":
@@ -66,14 +62,34 @@ class ConditionInputs:
         drop_text = torch.ones_like(self.text_len, dtype=torch.bool) if text is None else text
         drop_speaker = torch.ones_like(self.speaker, dtype=torch.bool) if speaker is None else speaker
         return ConditionInputs(self.text, self.text_len.masked_fill(drop_text, 0),
-                               self.speaker.masked_fill(drop_speaker, null_speaker), self.positions)
+                               self.speaker.masked_fill(drop_speaker, null_speaker))
 
     def cat(self, other: "ConditionInputs") -> "ConditionInputs":
-        """Rows of self, then rows of other ([2B] when both hold B); positions are not carried."""
+        """Rows of self, then rows of other ([2B] when both hold B)."""
         width = max(self.text.shape[1], other.text.shape[1])
         pad = [torch.nn.functional.pad(x.text, (0, width - x.text.shape[1]), value=PAD_BYTE) for x in (self, other)]
         return ConditionInputs(torch.cat(pad), torch.cat([self.text_len, other.text_len]),
                                torch.cat([self.speaker, other.speaker]))
+
+
+@dataclass(frozen=True)
+class Condition:
+    """What a conditioned LM is asked to say at generation: `text` and `speaker`, each one for every row,
+    a list of one per row, or None (the null condition)."""
+
+    text: str | Sequence[str | None] | None = None
+    speaker: str | Sequence[str | None] | None = None
+
+    @property
+    def given(self) -> bool:
+        return self.text is not None or self.speaker is not None
+
+    def rows(self) -> int | None:
+        """The number of rows a list of texts or speakers asks for (None: any)."""
+        for values in (self.text, self.speaker):
+            if values is not None and not isinstance(values, str):
+                return len(list(values))
+        return None
 
 
 def _per_row(values: str | Sequence[str | None] | None, batch_size: int, what: str) -> list[str | None]:

@@ -12,10 +12,10 @@ heads have |V| + 1 outputs and the specials move up by one: end_id = |V|, pad_id
 bos_id = |V| + 2 (see lm.end_of_audio). Without `condition` the ids, the heads and the saved
 config are exactly those of an unconditioned LM.
 
-Families. `family` says which model a config builds: "ar", the decoder-only next-token LM
-(lm.model.MultiCodebookLM), or "masked", the bidirectional masked-token LM (lm.masked_model.MaskedLM,
-parallel pattern only) whose id |V| + 1 is its mask token where an AR LM has bos, and which never
-predicts an end of audio. An "ar" config's saved dict has no `family` key (as before it existed).
+Families. `family` names the registered family (lm.families) whose model a config builds: "ar",
+the decoder-only next-token LM (lm.model), or "masked", the bidirectional masked-token LM
+(lm.masked_model, parallel pattern only) whose id |V| + 1 is its mask token where an AR LM has bos,
+and which never predicts an end of audio. An "ar" config's saved dict has no `family` key.
 
 Lengths. `max_seq_len` counts model positions, i.e. steps of the codebook pattern: with the
 delay pattern, T frames take T + N_c - 1 positions.
@@ -28,13 +28,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from lm.families import DEFAULT_FAMILY, PATTERNS, family_of
 from rvqlm_core.settings import settings_from_dict
 
 NORMS = ("rmsnorm", "layernorm")
 FFNS = ("swiglu", "gelu", "relu")
 POSITIONS = ("rope", "sinusoidal", "learned")
-PATTERNS = ("delay", "parallel")
-FAMILIES = ("ar", "masked")
 
 
 @dataclass
@@ -52,8 +51,6 @@ class ConditionConfig:
     guided_attention: float = 0.0  # weight of the guided-attention loss in training (lm.alignment); 0: none
     guided_sigma: float = 0.2  # its width g, in fractions of the text and of the audio
     guided_heads: int = 2  # the first guided_heads cross-attention heads of every decoder layer are guided
-    guided_alignment: bool = False  # guide rows whose data carry an alignment (metadata `alignment`) around it
-    guided_sigma_bytes: float = 3.0  # the width of that guide, in bytes
     context_noise: float = 0.0  # training: each input code replaced by a random one at this rate (Tacotron's
     # prenet-dropout bottleneck: an unreliable audio history makes the decoder lean on its text)
 
@@ -70,9 +67,9 @@ class ConditionConfig:
         for name in ("text_dropout", "speaker_dropout", "context_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"condition.{name} must be in [0, 1], got {getattr(self, name)!r}")
-        if not self.guided_attention >= 0.0 or not self.guided_sigma > 0.0 or not self.guided_sigma_bytes > 0.0:
-            raise ValueError(f"condition.guided_attention must be >= 0, guided_sigma and guided_sigma_bytes > 0, got "
-                             f"{self.guided_attention!r}, {self.guided_sigma!r} and {self.guided_sigma_bytes!r}")
+        if not self.guided_attention >= 0.0 or not self.guided_sigma > 0.0:
+            raise ValueError(f"condition.guided_attention must be >= 0 and guided_sigma > 0, got "
+                             f"{self.guided_attention!r} and {self.guided_sigma!r}")
 
     @property
     def guided(self) -> bool:
@@ -91,6 +88,10 @@ class ConditionConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "LM condition config") -> "ConditionConfig":
+        """Build from a dict of the fields, refusing unknown keys by name. The keys of the guided-alignment
+        experiment (docs/experiments.md), off in every saved LM, are read as the nothing they did."""
+        if isinstance(data, dict) and not data.get("guided_alignment"):
+            data = {k: v for k, v in data.items() if k not in ("guided_alignment", "guided_sigma_bytes")}
         return settings_from_dict(cls, data, source)
 
 
@@ -118,7 +119,7 @@ class LMConfig:
     n_experts: int = 0  # 0: a dense FFN; E > 0: a mixture of E experts of the `ffn` kind (lm.moe)
     moe_top_k: int = 1  # experts per position (softmax over their router logits)
     moe_aux_weight: float = 0.01  # weight of the load-balancing loss added in training
-    family: str = "ar"  # "ar": next-token decoder; "masked": bidirectional masked-token model (lm.masked_model)
+    family: str = DEFAULT_FAMILY  # a registered LM family (lm.families): "ar" next-token, "masked" masked-token
 
     def __post_init__(self) -> None:
         if isinstance(self.condition, dict):
@@ -144,12 +145,13 @@ class LMConfig:
         if not self.moe_aux_weight >= 0:
             raise ValueError(f"LMConfig.moe_aux_weight must be >= 0, got {self.moe_aux_weight!r}")
         for name, value, allowed in (("norm", self.norm, NORMS), ("ffn", self.ffn, FFNS),
-                                     ("pos", self.pos, POSITIONS), ("pattern", self.pattern, PATTERNS),
-                                     ("family", self.family, FAMILIES)):
+                                     ("pos", self.pos, POSITIONS), ("pattern", self.pattern, PATTERNS)):
             if value not in allowed:
                 raise ValueError(f"LMConfig.{name} must be one of {allowed}, got {value!r}")
-        if self.family == "masked" and self.pattern != "parallel":
-            raise ValueError(f"a masked LM (family 'masked') sees whole frames: set pattern 'parallel', got {self.pattern!r}")
+        family = family_of(self.family)
+        if self.pattern not in family.patterns:
+            raise ValueError(f"a {family.name!r} LM takes the pattern {' or '.join(map(repr, family.patterns))}, "
+                             f"got {self.pattern!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}): "
                              "each head has d_v = d_model / n_heads features")
@@ -177,8 +179,8 @@ class LMConfig:
     # ---- derived sizes -------------------------------------------------------------------------
     @property
     def end_id(self) -> int | None:
-        """The end-of-audio id of a conditioned AR LM (None without `condition`, and in a masked LM)."""
-        return None if self.condition is None or self.family != "ar" else self.codebook_size
+        """The end-of-audio id of a conditioned LM whose family predicts one (an AR LM; None without `condition`)."""
+        return None if self.condition is None or not family_of(self.family).predicts_end else self.codebook_size
 
     @property
     def n_outputs(self) -> int:
@@ -229,7 +231,7 @@ class LMConfig:
         if not self.n_experts:  # a dense LM's dict is as before experts existed
             for key in ("n_experts", "moe_top_k", "moe_aux_weight"):
                 del out[key]
-        if self.family == "ar":
+        if self.family == DEFAULT_FAMILY:  # the default family's dict is as before families existed
             del out["family"]
         return out
 

@@ -27,10 +27,6 @@ A text says what a whole file says, so only a window that starts at its file's f
 it; a window that starts inside a file gets the null text "" (it does not hold the start the
 text begins with) but keeps the speaker, whose voice is the same throughout. Which windows are
 drawn does not depend on conditions, so a conditioned run sees the windows an unconditioned one does.
-Where files' metadata hold an ``alignment`` (``[[seconds, byte], ...]``, a piecewise-linear map from
-time to the byte of the text being said; `rvqlm.synthetic` writes them), batches also carry
-``positions`` [B, T] float: the byte reached at each frame's centre, NaN where unknown (no
-alignment, or a window that does not start its file). Guided attention follows it (lm.alignment).
 """
 
 from __future__ import annotations
@@ -65,8 +61,6 @@ class TokenFiles:
     relpaths: tuple[str, ...]
     texts: tuple[str, ...] = ()
     speakers: tuple[str, ...] = ()
-    frame_rate: float = 0.0
-    alignments: tuple = ()  # per file: its metadata's alignment as (seconds, bytes) arrays, or None
 
     @classmethod
     def of_split(cls, tokens_dir: str | os.PathLike, split: str, split_by: SplitBy = "prefix",
@@ -81,39 +75,24 @@ class TokenFiles:
         texts = tuple(metadata_string(shards.entries[i].metadata, text_field, tokens_dir, relpaths[i]) for i in chosen)
         speakers = tuple(metadata_string(shards.entries[i].metadata, "speaker", tokens_dir, relpaths[i])
                          for i in chosen)
-        alignments = tuple(metadata_alignment(shards.entries[i].metadata, tokens_dir, relpaths[i], len(t.encode()))
-                           for i, t in zip(chosen, texts))
         return cls(str(tokens_dir), tuple(chosen), tuple(shards.entries[i].n_frames for i in chosen),
-                   tuple(relpaths[i] for i in chosen), texts, speakers, float(shards.frame_rate), alignments)
+                   tuple(relpaths[i] for i in chosen), texts, speakers)
 
     @cached_property
     def _file_of_entry(self) -> dict[int, int]:
         return {entry: i for i, entry in enumerate(self.entry_indices)}
 
-    def conditions(self, spans: Sequence[tuple[int, int, int]], window_frames: int) -> dict:
-        """The conditions of windows (entry index, start, n frames) of `window_frames`: text ("" unless
-        the window starts the file), speaker, ends [B] bool and, where any file has an alignment,
-        positions [B, window_frames] (see the module docstring)."""
+    def conditions(self, spans: Sequence[tuple[int, int, int]]) -> dict:
+        """The conditions of windows (entry index, start, n frames): text ("" unless the window starts
+        the file), speaker and ends [B] bool (see the module docstring)."""
         files = [self._file_of_entry[entry] for entry, _, _ in spans]
-        out = {"text": [self.texts[f] if start == 0 else "" for f, (_, start, _) in zip(files, spans)],
-               "speaker": [self.speakers[f] for f in files],
-               "ends": torch.tensor([start + n == self.n_frames[f] for f, (_, start, n) in zip(files, spans)])}
-        if any(a is not None for a in self.alignments):
-            positions = np.full((len(spans), window_frames), np.nan, dtype=np.float32)
-            centres = (np.arange(window_frames) + 0.5) / self.frame_rate
-            for row, (f, (_, start, _)) in enumerate(zip(files, spans)):
-                if start == 0 and self.alignments[f] is not None and self.texts[f]:
-                    positions[row] = np.interp(centres, *self.alignments[f])
-            out["positions"] = torch.from_numpy(positions)
-        return out
+        return {"text": [self.texts[f] if start == 0 else "" for f, (_, start, _) in zip(files, spans)],
+                "speaker": [self.speakers[f] for f in files],
+                "ends": torch.tensor([start + n == self.n_frames[f] for f, (_, start, n) in zip(files, spans)])}
 
     def conditions_sha256(self) -> str:
-        """A hash of every file's text, speaker (and alignment, where any): a resumed run must read the
-        same conditions."""
-        held = [self.texts, self.speakers]
-        if any(a is not None for a in self.alignments):
-            held.append([None if a is None else [a[0].tolist(), a[1].tolist()] for a in self.alignments])
-        return hashlib.sha256(json.dumps(held, ensure_ascii=False).encode()).hexdigest()
+        """A hash of every file's text and speaker: a resumed run must read the same conditions."""
+        return hashlib.sha256(json.dumps([self.texts, self.speakers], ensure_ascii=False).encode()).hexdigest()
 
     @property
     def total_frames(self) -> int:
@@ -132,23 +111,6 @@ def metadata_string(metadata: dict, key: str, tokens_dir, relpath: str) -> str:
         raise ValueError(f"{tokens_dir}/manifest.jsonl: {relpath}: metadata {key!r} must be a string, "
                          f"got {type(value).__name__}")
     return value
-
-
-def metadata_alignment(metadata: dict, tokens_dir, relpath: str, n_bytes: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """metadata["alignment"] ([[seconds, byte], ...], both non-decreasing, bytes within the text's
-    n_bytes) as (seconds, bytes) float arrays; None when absent; ValueError naming the file otherwise."""
-    value = metadata.get("alignment")
-    if value is None:
-        return None
-    try:
-        anchors = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        anchors = np.zeros((0, 0))
-    if anchors.ndim != 2 or anchors.shape[0] < 2 or anchors.shape[1] != 2 or not np.isfinite(anchors).all() \
-            or (np.diff(anchors, axis=0) < 0).any() or anchors[:, 1].min() < 0 or anchors[-1, 1] > n_bytes:
-        raise ValueError(f"{tokens_dir}/manifest.jsonl: {relpath}: metadata 'alignment' must be a list of at "
-                         f"least two [seconds, byte] pairs, both non-decreasing, bytes in 0..{n_bytes} (its text's)")
-    return anchors[:, 0], anchors[:, 1]
 
 
 # ---- reading windows --------------------------------------------------------------------------------
@@ -242,7 +204,7 @@ class TrainWindowStream(BatchStream):
         spans = [self.sample_span(first + j) for j in range(self.batch_size)]
         out = self.reader.read_batch(spans, self.window_frames, self.n_codebooks)
         if self.conditions:
-            out.update(self.files.conditions(spans, self.window_frames))
+            out.update(self.files.conditions(spans))
         out["batch_index"] = torch.tensor(batch_index)
         return out
 
@@ -284,7 +246,7 @@ class ValidWindows(IterableDataset):
             chunk = self.spans[b * self.batch_size:(b + 1) * self.batch_size]
             out = self.reader.read_batch(chunk, self.window_frames, self.n_codebooks)
             if self.conditions:
-                out.update(self.files.conditions(chunk, self.window_frames))
+                out.update(self.files.conditions(chunk))
             yield out
 
 

@@ -69,6 +69,6 @@ def float_state(model: nn.Module) -> dict[str, Tensor]:
     if not is_int8(model):
         return state
     out = {k: v for k, v in float_linear_state(state).items() if not k.startswith(f"{HEAD}.")}
-    if not model.cfg.tie_weights:
-        out["head_weight"] = int8_head_weights(getattr(model, HEAD), model.cfg.n_codebooks).cpu()
+    if not model.config.tie_weights:
+        out["head_weight"] = int8_head_weights(getattr(model, HEAD), model.config.n_codebooks).cpu()
     return out

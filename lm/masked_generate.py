@@ -1,4 +1,5 @@
-"""Iterative parallel decoding of a MaskedLM (MaskGIT's, level by level as SoundStorm decodes RVQ codes).
+"""Iterative parallel decoding of a MaskedLM (MaskGIT's, level by level as SoundStorm decodes RVQ codes),
+the "masked" family's; reached through lm.generate.generate with MaskedDecoding options.
 
 Every frame after the prompt starts masked at every level. Level q = 0, 1, ... gets S_q steps;
 at each step the model reads the whole window once, a code is sampled at every still-hidden
@@ -16,22 +17,21 @@ any clip of a model with other positions, is made in chunks of its context (or o
 each later chunk sees the last `context` frames made so far as its prompt and fills the rest of its
 window, so the number of sequential model calls is chunks x sum(S_q).
 
-A conditioned masked LM reads a text and a speaker with classifier-free guidance (lm.guidance's
-rule: uncond + s (cond - uncond), both halves in one batched pass).
+A conditioned masked LM reads a text and a speaker with classifier-free guidance (lm.guidance).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-from lm.generate import check_prompt, make_generator
-from lm.kv_cache import CrossMemory
-from lm.sampling import check_sampling_args, filter_logits, sample_next
+from lm.generate import DecodeRequest, ProgressBar
+from lm.guidance import GuidedDecoder
+from lm.sampling import SamplingOptions, filter_logits
 
 DEFAULT_STEPS = (8, 2, 1, 1, 1, 1, 1, 1)
 DEFAULT_CHOICE_TEMPERATURE = 4.5
@@ -85,36 +85,6 @@ class MaskedStep:
     start: int
 
 
-class _Decoder:
-    """The model with its conditions bound: tokens [B, N_c, W], level -> logits [B, W, |V|] (guided)."""
-
-    def __init__(self, model, text, speaker, cfg_scale: float | None, batch_size: int, stretch: bool = False):
-        self.model = model
-        self.stretch = stretch
-        self.memory: CrossMemory | None = None
-        self.scale = 1.0
-        if model.cfg.condition is None:
-            if text is not None or speaker is not None or cfg_scale is not None:
-                raise ValueError("this masked LM is not conditioned: text, speaker and cfg_scale need an LM trained "
-                                 "with LMConfig.condition")
-            return
-        given = text is not None or speaker is not None
-        self.scale = float(cfg_scale if cfg_scale is not None else 3.0 if given else 1.0)
-        if not self.scale >= 0 or math.isinf(self.scale):
-            raise ValueError(f"the guidance scale (cfg) must be a finite number >= 0, got {cfg_scale!r}")
-        inputs = model.condition_inputs(text, speaker, batch_size)
-        if self.scale != 1.0:  # rows 0..B-1 conditional, B..2B-1 the null conditions
-            inputs = inputs.cat(model.condition_encoder.null_inputs(batch_size))
-        self.memory = model.cross_memory(inputs)
-
-    def __call__(self, tokens: Tensor, level: int) -> Tensor:
-        if self.memory is None or self.scale == 1.0:
-            return self.model(tokens, memory=self.memory, level=level, stretch=self.stretch)[:, 0]
-        cond, uncond = self.model(torch.cat([tokens, tokens]), memory=self.memory, level=level,
-                                  stretch=self.stretch)[:, 0].chunk(2)
-        return uncond + self.scale * (cond - uncond)
-
-
 def chunk_starts(prompt_frames: int, total: int, window: int, context: int) -> list[tuple[int, int, int]]:
     """The chunks of a continuation: (first frame of the window, frames known in it, window end)."""
     chunks, done = [], prompt_frames
@@ -126,8 +96,8 @@ def chunk_starts(prompt_frames: int, total: int, window: int, context: int) -> l
     return chunks
 
 
-def iter_masked_decode(model, codes: Tensor, prompt_frames: int, steps: list[int], choose, decoder: _Decoder,
-                       context: int, window: int) -> Iterator[MaskedStep]:
+def iter_masked_decode(model, codes: Tensor, prompt_frames: int, steps: list[int], choose, decoder: GuidedDecoder,
+                       context: int, window: int, stretch: bool = False) -> Iterator[MaskedStep]:
     """Fill codes [B, N_c, T] (prompt frames in place) chunk by chunk, level by level; yields every step."""
     b, n_c, total = codes.shape
     for c, (start, known, end) in enumerate(chunk_starts(prompt_frames, total, window, context)):
@@ -137,7 +107,7 @@ def iter_masked_decode(model, codes: Tensor, prompt_frames: int, steps: list[int
             hidden = torch.zeros(b, end - start, dtype=torch.bool, device=codes.device)
             hidden[:, known:] = True
             for i, n_fix in enumerate(unmask_schedule(end - start - known, steps[q])):
-                logits = decoder(tokens, q)[:, known:]  # [B, n, |V|]
+                logits = decoder(tokens, level=q, stretch=stretch)[:, 0, known:]  # [B, n, |V|]
                 sampled, confidence = choose(logits, 1.0 - (i + 1) / steps[q])
                 confidence = confidence.masked_fill(~hidden[:, known:], -math.inf)
                 keep = confidence.topk(n_fix, dim=1).indices + known  # [B, n_fix], frames of the window
@@ -147,13 +117,13 @@ def iter_masked_decode(model, codes: Tensor, prompt_frames: int, steps: list[int
         codes[..., start + known:end] = tokens[..., known:]
 
 
-def _chooser(temperature: float, top_k: int | None, top_p: float | None, greedy: bool,
-             generator: torch.Generator | None, choice_temperature: float = 0.0):
+def _chooser(sampling: SamplingOptions, generator: torch.Generator | None, choice_temperature: float = 0.0):
     """(logits [B, n, |V|], anneal) -> (codes [B, n], confidence [B, n]): the code's log-probability where it
     was drawn, plus choice_temperature x anneal x Gumbel noise (drawn only when that scale is > 0)."""
     def choose(logits: Tensor, anneal: float = 0.0) -> tuple[Tensor, Tensor]:
-        filtered = logits.float() if greedy else filter_logits(logits, temperature, top_k, top_p)
-        codes = sample_next(logits, temperature, top_k, top_p, greedy=greedy, generator=generator)
+        filtered = logits.float() if sampling.greedy else filter_logits(logits, sampling.temperature, sampling.top_k,
+                                                                       sampling.top_p)
+        codes = sampling.sample(logits, generator)
         confidence = filtered.log_softmax(dim=-1).gather(-1, codes[..., None])[..., 0]
         scale = choice_temperature * anneal
         if scale > 0:
@@ -173,58 +143,50 @@ def check_choice_temperature(tau) -> float:
     return float(tau)
 
 
-def generate_masked(model, prompt_codes: Tensor | None, max_new_frames: int, *, steps=None,
-                    temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                    greedy: bool = False, generator: torch.Generator | None = None, seed: int | None = None,
-                    choice_temperature: float | None = None, batch_size: int = 1, context: int | None = None,
-                    window: int | None = None, text=None, speaker=None, cfg_scale: float | None = None,
-                    progress: bool = False, on_step=None) -> Tensor:
-    """Continue `prompt_codes` [B, N_c, T0] (None: B = batch_size rows from nothing) by max_new_frames
-    frames -> codes [B, N_c, T0 + n], the prompt copied unchanged.
+@dataclass(frozen=True)
+class MaskedDecoding:
+    """The masked family's own decoding options. steps: per level (`steps_per_level`; None: 8, 2, 1, ...).
+    choice_temperature: MaskGIT's Gumbel noise on the confidence that ranks which codes a step keeps
+    (annealed to 0 by each level's last step; None: DEFAULT_CHOICE_TEMPERATURE, 0: the most confident).
+    window: frames per model pass (None: `default_window`; past max_frames only for RoPE). context:
+    frames of the past a later chunk sees (None: half a window). on_step: called with each MaskedStep."""
 
-    steps: per level (`steps_per_level`; default 8, 2, 1, ...). Sampling as lm.sampling, reproducible
-    with `generator` or `seed`. choice_temperature: MaskGIT's Gumbel noise on the confidence that ranks
-    which codes a step keeps (annealed to 0 by each level's last step; None: DEFAULT_CHOICE_TEMPERATURE,
-    0: the most confident). window: frames per model pass (default `default_window`; past max_frames
-only for RoPE).
-    context: frames of the past a later chunk sees (default half a window).
-    text, speaker, cfg_scale: a conditioned masked LM's (as lm.generate). on_step: called with each
-    MaskedStep. progress: a tqdm bar over the model calls."""
-    check_sampling_args(temperature, top_k, top_p, greedy)
-    choice_temperature = check_choice_temperature(choice_temperature)
-    cfg, device = model.cfg, model.device
-    level_steps = steps_per_level(steps, cfg.n_codebooks)
-    if prompt_codes is None:
-        prompt_codes = torch.zeros(batch_size, cfg.n_codebooks, 0, dtype=torch.long)
-    check_prompt(model, prompt_codes)
-    if isinstance(max_new_frames, bool) or not isinstance(max_new_frames, int) or max_new_frames < 0:
-        raise ValueError(f"max_new_frames must be an integer >= 0, got {max_new_frames!r}")
-    b, _, t0 = prompt_codes.shape
-    window = _window(cfg, window, t0 + max_new_frames)
-    context = window // 2 if context is None else context
+    steps: Sequence[int] | str | None = None
+    choice_temperature: float | None = None
+    window: int | None = None
+    context: int | None = None
+    on_step: Callable[[MaskedStep], None] | None = None
+
+    def __post_init__(self) -> None:
+        check_choice_temperature(self.choice_temperature)
+
+
+def decode(model, request: DecodeRequest) -> tuple[Tensor, Tensor]:
+    """The masked family's decoding (lm.families): the request's prompt [B, N_c, T0] continued by its
+    new frames -> codes [B, N_c, T0 + n], the prompt copied unchanged, and lengths [B] (all T0 + n)."""
+    options: MaskedDecoding = request.options
+    cfg, prompt, device = model.config, request.prompt, model.device
+    level_steps = steps_per_level(options.steps, cfg.n_codebooks)
+    b, _, t0 = prompt.shape
+    total = t0 + request.new_frames
+    window = _window(cfg, options.window, total)
+    context = window // 2 if options.context is None else options.context
     if not 0 <= context < window:
         raise ValueError(f"context must be in 0..{window - 1} frames (the window is {window}), got {context}")
-    codes = torch.zeros(b, cfg.n_codebooks, t0 + max_new_frames, dtype=torch.long, device=device)
-    codes[..., :t0] = prompt_codes.to(device)
-    generator = generator if generator is not None else make_generator(seed, device)
-    was_training = model.training
-    model.eval()
-    n_calls = len(chunk_starts(t0, t0 + max_new_frames, window, context)) * sum(level_steps)
-    bar = _bar(n_calls, progress)
+    codes = torch.zeros(b, cfg.n_codebooks, total, dtype=torch.long, device=device)
+    codes[..., :t0] = prompt
+    bar = ProgressBar(len(chunk_starts(t0, total, window, context)) * sum(level_steps), request.progress, unit="call")
     try:
-        with torch.inference_mode():
-            decoder = _Decoder(model, text, speaker, cfg_scale, b, stretch=window > cfg.max_frames)
-            choose = _chooser(temperature, top_k, top_p, greedy, generator, choice_temperature)
-            for step in iter_masked_decode(model, codes, t0, level_steps, choose, decoder, context, window):
-                if on_step is not None:
-                    on_step(step)
-                if bar is not None:
-                    bar.update(1)
+        decoder = GuidedDecoder(model, request.condition, request.sampling, b)
+        choose = _chooser(request.sampling, request.generator, check_choice_temperature(options.choice_temperature))
+        for step in iter_masked_decode(model, codes, t0, level_steps, choose, decoder, context, window,
+                                       stretch=window > cfg.max_frames):
+            if options.on_step is not None:
+                options.on_step(step)
+            bar.update(1)
     finally:
-        if bar is not None:
-            bar.close()
-        model.train(was_training)
-    return codes
+        bar.close()
+    return codes, torch.full((b,), total, dtype=torch.long, device=device)
 
 
 def default_window(cfg, total_frames: int) -> int:
@@ -248,14 +210,6 @@ def _window(cfg, window: int | None, total_frames: int) -> int:
 
 
 def model_calls(prompt_frames: int, new_frames: int, window: int, steps: list[int], context: int | None = None) -> int:
-    """Sequential model calls generate_masked makes for this request (chunks x sum of the steps)."""
+    """Sequential model calls masked decoding makes for this request (chunks x sum of the steps)."""
     context = window // 2 if context is None else context
     return len(chunk_starts(prompt_frames, prompt_frames + new_frames, window, context)) * sum(steps)
-
-
-def _bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="call", desc="masked decode", dynamic_ncols=True, mininterval=0.5)

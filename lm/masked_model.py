@@ -5,16 +5,16 @@ language modeling with an encoder, no causal mask), trained level by level as So
       -> sum over codebooks of E_c[tokens[:, c]] (+ positions) -> pre-norm blocks WITHOUT a causal
          mask (padded frames are never keys) -> final norm -> head q: [B, T, |V|]
 
-It is MultiCodebookLM's model (same embeddings, blocks, every norm / FFN / position option, heads,
-condition encoder, folders) with LMConfig.family = "masked": the row an AR LM keeps for bos is each
-codebook's learned mask token, and attention sees both sides.
+It is the trunk every family shares (lm.trunk: same embeddings, blocks, every norm / FFN / position
+option, heads, condition encoder, folders) with LMConfig.family = "masked": the row an AR LM keeps for
+bos is each codebook's learned mask token, and attention sees both sides.
 
 Objective, per example (`draw_masking`): a level q; a prefix of frames that stays visible at every
 level (what a prompt is at generation); after it, level q hidden at a ratio cos(pi/2 u), u ~ U(0, 1)
 (at least one frame), the levels after q all hidden, the levels before q visible. The loss is the
 mean of -ln P(x | visible) over the hidden positions of level q only (seed 000's statement);
 padding is in neither the sum nor the count. Its losses are not the factors of a chain rule, so a
-masked LM has no sequence likelihood (`log_likelihood` refuses).
+masked LM has no sequence likelihood and no token NLL (an AR LM's capabilities, which it lacks).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from lm.conditioning import ConditionInputs
 from lm.kv_cache import CrossMemory
-from lm.model import LMLoss, MultiCodebookLM
+from lm.trunk import LMLoss, LMTrunk
 
 
 @dataclass
@@ -84,13 +84,12 @@ def draw_masking(codes: Tensor, frame_mask: Tensor, mask_id: int, pad_id: int,
     return Masking(inputs=inputs, hidden=hidden, level=q, prefix=prefix)
 
 
-class MaskedLM(MultiCodebookLM):
+class MaskedLM(LMTrunk):
     """A bidirectional multi-codebook transformer predicting masked codes (LMConfig.family = "masked").
 
     forward: tokens [B, N_c, T] -> logits [B, N_c, T, |V|] (or [B, 1, T, |V|] for one `level`).
     loss: codes [B, N_c, T] -> LMLoss over the hidden positions of each row's level (`draw_masking`).
-    generate: prompt [B, N_c, T0] -> codes [B, N_c, T0 + n] by iterative parallel decoding
-    (lm.masked_generate). save_pretrained / from_pretrained: MultiCodebookLM's folders.
+    Generation: lm.generate.generate(model, ...), by iterative parallel decoding (lm.masked_generate).
     """
 
     family = "masked"
@@ -98,15 +97,13 @@ class MaskedLM(MultiCodebookLM):
     @property
     def mask_id(self) -> int:
         """Each codebook's mask token: the embedding row |V| + 1 (an AR LM's bos row)."""
-        return self.cfg.bos_id
+        return self.config.bos_id
 
-    def forward(self, tokens: Tensor, cache=None, window: int | None = None, memory: CrossMemory | None = None,
-                frame_mask: Tensor | None = None, level: int | None = None, stretch: bool = False) -> Tensor:
+    def forward(self, tokens: Tensor, memory: CrossMemory | None = None, frame_mask: Tensor | None = None,
+                level: int | None = None, stretch: bool = False) -> Tensor:
         """tokens [B, N_c, T] ids in 0..|V|+1 -> logits [B, N_c, T, |V|]; `level` q: head q only, [B, 1, T, |V|].
-        frame_mask [B, T] bool: False frames (padding) are no key of any attention. memory: as MultiCodebookLM.
+        frame_mask [B, T] bool: False frames (padding) are no key of any attention. memory: as the AR LM's.
         stretch: let a RoPE model read more than max_seq_len frames (distances it was never trained on)."""
-        if cache is not None or window is not None:
-            raise ValueError("a masked LM attends to every frame at once: it takes no KV cache and no window")
         h = self.hidden_states(tokens, memory, frame_mask, stretch)
         weights = self.head_weights()
         if level is not None:
@@ -116,7 +113,7 @@ class MaskedLM(MultiCodebookLM):
     def hidden_states(self, tokens: Tensor, memory: CrossMemory | None = None,
                       frame_mask: Tensor | None = None, stretch: bool = False) -> Tensor:
         """tokens [B, N_c, T] -> the final-norm outputs [B, T, d] of the bidirectional blocks."""
-        cfg = self.cfg
+        cfg = self.config
         if tokens.dim() != 3 or tokens.shape[1] != cfg.n_codebooks or tokens.shape[-1] == 0:
             raise ValueError(f"tokens must have shape [B, {cfg.n_codebooks}, T >= 1], got {tuple(tokens.shape)}")
         if tokens.dtype not in (torch.int64, torch.int32):
@@ -136,7 +133,7 @@ class MaskedLM(MultiCodebookLM):
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs per frame: 6 x the block matrices plus the one head a row is scored by, and attention."""
-        cfg = self.cfg
+        cfg = self.config
         s = cfg.max_seq_len if seq_len is None else seq_len
         matmul = sum(p.numel() for name, p in self.blocks.named_parameters()
                      if p.dim() == 2 and ".cross_attn.kv." not in name)
@@ -155,7 +152,7 @@ class MaskedLM(MultiCodebookLM):
         self._check_codes(codes, frame_mask)
         if frame_mask is None:
             frame_mask = torch.ones(codes.shape[0], codes.shape[-1], dtype=torch.bool, device=codes.device)
-        m = draw_masking(codes, frame_mask, self.mask_id, self.cfg.pad_id, generator, level=level, ratio=ratio,
+        m = draw_masking(codes, frame_mask, self.mask_id, self.config.pad_id, generator, level=level, ratio=ratio,
                          prefix_prob=prefix_prob)
         memory = None if condition is None else self.encode_condition(condition)
         h = self.hidden_states(m.inputs, memory, frame_mask if not bool(frame_mask.all()) else None)
@@ -163,28 +160,9 @@ class MaskedLM(MultiCodebookLM):
         logits = torch.bmm(h, weights.transpose(1, 2))  # [B, T, |V|]
         targets = codes.long().gather(1, m.level[:, None, None].expand(-1, 1, codes.shape[-1]))[:, 0]
         nll = F.cross_entropy(logits[m.hidden].float(), targets[m.hidden], reduction="none")
-        n_c = self.cfg.n_codebooks
+        n_c = self.config.n_codebooks
         row_level = m.level[:, None].expand_as(m.hidden)[m.hidden]
         nll_sum = torch.zeros(n_c, dtype=nll.dtype, device=nll.device).index_add(0, row_level, nll)
         count = torch.zeros(n_c, dtype=torch.long, device=nll.device).index_add(
             0, row_level, torch.ones_like(row_level))
         return LMLoss(loss=nll.sum() / count.sum().clamp(min=1), nll_sum=nll_sum, count=count)
-
-    def token_nll(self, *args, **kwargs):
-        raise ValueError("a masked LM has no left-to-right token NLL: its conditionals are not a chain rule's "
-                         "factors (seed 000); use loss(..., level=q, ratio=r) for the masked NLL")
-
-    def log_likelihood(self, *args, **kwargs):
-        raise ValueError("a masked LM gives no sequence likelihood (seed 000: its losses do not sum to the "
-                         "sequence NLL); score codes with an AR LM or use loss(..., level=q, ratio=r)")
-
-    def new_cache(self, *args, **kwargs):
-        raise ValueError("a masked LM attends to every frame at once: it has no KV cache")
-
-    # ---- generation ------------------------------------------------------------------------------
-    def generate(self, prompt_codes: Tensor | None, max_new_frames: int, **kwargs) -> Tensor:
-        """Continue prompt_codes [B, N_c, T0] by max_new_frames -> [B, N_c, T0 + n] by iterative parallel
-        decoding, level by level (keyword arguments: those of `lm.masked_generate.generate_masked`)."""
-        from lm.masked_generate import generate_masked
-
-        return generate_masked(self, prompt_codes, max_new_frames, **kwargs)

@@ -9,23 +9,23 @@ DDP, tokens/s and MFU, per-level losses, export) with the masked objective of lm
 * `init_from` may name an AR LM of the same architecture (the family and pattern differ): every
   tensor is copied, its bos rows becoming the mask tokens; or a masked LM of the same architecture.
 
-    rvqlm train-masked-lm --config recipes/lm_masked_speech.yaml [--ckpt_path last]
+    rvqlm train-lm --config recipes/lm_masked_speech.yaml [--ckpt_path last]   (the recipe's family: masked)
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lm.config import LMConfig
 from lm.data import ValidWindows
-from lm.families import load_lm
+from lm.trunk import load_lm
 from lm.masked_model import MaskedLM
 from lm.moe import moe_aux_loss
-from lm.training import LMTrainingModule, batch_conditions, held_out_files, train_main
+from lm.training import LMTrainingModule, batch_conditions, held_out_files
 from lm.warm_start import architecture_differences
 
 VALID_SEED = 0
@@ -42,8 +42,8 @@ def seeded_generator(device: torch.device, *key: Any) -> torch.Generator:
 def masked_warm_start(model: MaskedLM, start, source: str) -> list[str]:
     """Load LM `start` (masked, or AR differing only in family / pattern) into `model`; returns the fresh
     tensors (none). ValueError naming `source` and every other difference."""
-    allowed = ("family ", "pattern ") if start.cfg.family == "ar" else ()
-    differ = [d for d in architecture_differences(model.cfg, start.cfg) if not d.startswith(allowed)]
+    allowed = ("family ", "pattern ") if start.config.family != model.config.family else ()
+    differ = [d for d in architecture_differences(model.config, start.config) if not d.startswith(allowed)]
     if differ:
         raise ValueError(f"init_from {source}: its LM differs from this recipe's in " + ", ".join(differ)
                          + " (a masked LM starts from an LM of the same architecture, AR or masked)")
@@ -59,8 +59,6 @@ class MaskedLMTrainingModule(LMTrainingModule):
         mask_seed: seeds the training masks (with the batch index and the rank).
     """
 
-    model_class = MaskedLM
-
     def __init__(self, config: LMConfig, n_codebooks: int | None = None, codebook_size: int | None = None,
                  codec_fingerprint: str | None = None, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
                  adam_eps: float = 1e-8, weight_decay: float = 0.1, warmup_steps: int = 100,
@@ -72,6 +70,9 @@ class MaskedLMTrainingModule(LMTrainingModule):
         super().__init__(config, n_codebooks, codebook_size, codec_fingerprint, lr, betas, adam_eps, weight_decay,
                          warmup_steps, min_lr_ratio, total_steps, measure_peak, export, init_from, speakers,
                          fresh_lr_scale)
+        if not isinstance(self.model, MaskedLM):
+            raise ValueError(f"this config is of the {config.family!r} LM family, not 'masked': train it with its own "
+                             "family's module (rvqlm train-lm reads the family from the recipe)")
 
     def _load_initial_weights(self, folder: str) -> None:
         self._fresh = masked_warm_start(self.model, load_lm(folder), folder)
@@ -91,18 +92,6 @@ class MaskedLMTrainingModule(LMTrainingModule):
         self.log("train/moe_aux", aux.detach(), on_step=True, on_epoch=False)
         return out.loss + self.lm_config.moe_aux_weight * aux
 
-    def _log_losses(self, stage: str, nll_sum: Tensor, count: Tensor, loss: Tensor | None = None) -> None:
-        """LMTrainingModule's metrics, each level's only where it had targets (a training batch draws a few)."""
-        on_step = stage == "train"
-        kw = dict(on_step=on_step, on_epoch=not on_step, sync_dist=False)
-        overall = loss if loss is not None else (nll_sum.sum() / count.sum().clamp(min=1)).float()
-        self.log(f"{stage}/loss", overall, prog_bar=True, **kw)
-        self.log(f"{stage}/ppl", overall.exp(), **kw)
-        for q in count.nonzero()[:, 0].tolist():
-            level = (nll_sum[q] / count[q]).float()
-            self.log(f"{stage}/loss_cb{q}", level, **kw)
-            self.log(f"{stage}/ppl_cb{q}", level.exp(), **kw)
-
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         g = seeded_generator(self.device, "valid", VALID_SEED, batch_idx, self.global_rank)
         out = self.model.loss(batch["codes"], batch["frame_mask"], generator=g, **self._conditions(batch))
@@ -118,7 +107,7 @@ def masked_nll(model: MaskedLM, windows: ValidWindows, ratio: float, seed: int =
     level q with level q hidden at `ratio`, finer levels hidden, coarser visible, no prefix (seeded by
     window batch and level): ([N_c] f64, [N_c] int64)."""
     model.eval()
-    n_c = model.cfg.n_codebooks
+    n_c = model.config.n_codebooks
     nll = torch.zeros(n_c, dtype=torch.float64)
     count = torch.zeros(n_c, dtype=torch.int64)
     for i, batch in enumerate(windows):
@@ -140,17 +129,14 @@ def masked_held_out_report(model: MaskedLM, tokens_dir: str, split: str = "valid
     and windows past its context."""
     if not 0.0 < ratio <= 1.0 or batch_size < 1:
         raise ValueError(f"need a mask ratio in (0, 1] and batch_size >= 1, got {ratio} and {batch_size}")
-    cfg = model.cfg
+    cfg = model.config
     _, files, window = held_out_files(cfg, tokens_dir, split, split_by, valid_fraction, window_frames)
     windows = ValidWindows(files, cfg.n_codebooks, window, batch_size, max_windows=max_windows,
                            conditions=cfg.condition is not None)
     with torch.inference_mode():
         nll, count = masked_nll(model, windows, ratio, seed)
     return {"tokens": str(tokens_dir), "split": split, "files": len(files), "window_frames": window,
-            "family": "masked", "mask_ratio": ratio, "nll_per_codebook": (nll / count).tolist(),
+            "family": "masked", "mask_ratio": ratio,
+            "scored": f"masked LM: level q scored with {ratio:g} of its frames hidden, finer levels hidden, coarser "
+                      "visible (NLL over the hidden positions)", "nll_per_codebook": (nll / count).tolist(),
             "tokens_per_codebook": count.tolist(), "nll": float(nll.sum() / count.sum())}
-
-
-def masked_train_main(args: Sequence[str] | None = None) -> int:
-    """`rvqlm train-masked-lm ARGS`: LightningCLI `fit` of MaskedLMTrainingModule (see lm.training.train_main)."""
-    return train_main(args, module=MaskedLMTrainingModule)

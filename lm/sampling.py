@@ -5,11 +5,16 @@ entries are `-inf` (so a following softmax gives them probability exactly 0). Th
 `sample_next` applies temperature, then top-k (a hard cut of the long tail), then top-p on what
 is left (a cut that adapts to the model's confidence), then samples.
 
+`SamplingOptions` is the one value every family's generation takes (lm.generate).
+
 Ties are broken deterministically everywhere: among equal logits the LOWER token id ranks first.
 This matches `torch.argmax` (first maximal index), so `top_k=1` is exactly greedy decoding.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 
@@ -74,16 +79,63 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(~keep, NEG_INF)
 
 
-def check_sampling_args(
-    temperature: float, top_k: int | None, top_p: float | None, greedy: bool
-) -> None:
-    """Raise ValueError with a user-facing message for an impossible decoding request."""
-    if not greedy and not (temperature > 0):
-        raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use --greedy for argmax decoding")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top-k must be an integer >= 1, got {top_k!r}")
-    if top_p is not None and not (0.0 < float(top_p) <= 1.0):
-        raise ValueError(f"top-p must be in (0, 1], got {top_p}")
+DEFAULT_CFG_SCALE = 3.0  # the guidance scale with a text or speaker given, when none is asked for
+
+
+def _scale(value, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"the {what} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How every LM family draws its codes, validated once: greedy (argmax), or sampling at
+    `temperature` after top-k then top-p (None: off); `seed` makes the draws reproducible (None:
+    torch's global RNG). A conditioned LM's classifier-free guidance scales (lm.guidance): `cfg_scale`
+    (None: DEFAULT_CFG_SCALE with a text or speaker, else 1) and the speaker's own `speaker_cfg_scale`
+    (None: the same as cfg_scale). ValueError in one line for an impossible request."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    greedy: bool = False
+    seed: int | None = None
+    cfg_scale: float | None = None
+    speaker_cfg_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.greedy and not (self.temperature > 0):
+            raise ValueError(f"temperature must be > 0 when sampling (got {self.temperature}); use --greedy for "
+                             "argmax decoding")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
+                                       or self.top_k < 1):
+            raise ValueError(f"top-k must be an integer >= 1, got {self.top_k!r}")
+        if self.top_p is not None and not (0.0 < float(self.top_p) <= 1.0):
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        object.__setattr__(self, "cfg_scale", _scale(self.cfg_scale, "guidance scale (cfg)"))
+        object.__setattr__(self, "speaker_cfg_scale", _scale(self.speaker_cfg_scale, "speaker guidance scale"))
+
+    def guidance_scales(self, condition_given: bool) -> tuple[float, float]:
+        """(text scale s, speaker scale s_v) with the defaults filled in."""
+        scale = self.cfg_scale if self.cfg_scale is not None else DEFAULT_CFG_SCALE if condition_given else 1.0
+        return scale, scale if self.speaker_cfg_scale is None else self.speaker_cfg_scale
+
+    def generator(self, device: torch.device | str) -> torch.Generator | None:
+        """A torch.Generator on `device` seeded with `seed` (None without one: torch's global RNG)."""
+        if self.seed is None:
+            return None
+        g = torch.Generator(device=device)
+        g.manual_seed(self.seed)
+        return g
+
+    def sample(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """`sample_next` with these options: logits [..., V] -> ids [...]."""
+        return sample_next(logits, self.temperature, self.top_k, self.top_p, self.greedy, generator)
 
 
 def filter_logits(
@@ -119,7 +171,7 @@ def sample_next(
     Otherwise sample from softmax(filter_logits(logits / temperature)); top_k=None and
     top_p=None (or 1) disable those filters. `generator` makes the draw reproducible.
     """
-    check_sampling_args(temperature, top_k, top_p, greedy)
+    SamplingOptions(temperature, top_k, top_p, greedy)  # the one validation of a request
     if greedy:
         return logits.argmax(dim=-1)
     filtered = filter_logits(logits, temperature, top_k, top_p)

@@ -38,6 +38,8 @@ from torch import Tensor, nn
 
 from lm.config import LMConfig
 from lm.data import TokenDataModule, TokenFiles, ValidWindows, check_conditions
+from lm.families import family_of, recipe_family
+from lm.trunk import build_lm, load_lm
 from lm.model import MultiCodebookLM
 from lm.moe import moe_aux_loss
 from lm.warm_start import warm_start
@@ -115,14 +117,11 @@ def check_fingerprint(lm_fingerprint: str | None, tokens_fingerprint: str | None
 
 def batch_conditions(model: MultiCodebookLM, batch: dict, ends: bool = True) -> dict[str, Any]:
     """The `loss` arguments of a batch's conditions for a conditioned LM ({} for an unconditioned
-    one): condition (texts and speakers, "" = null; positions where the config follows alignments) and, with
-    `ends`, the file ends."""
-    if model.cfg.condition is None:
+    one): condition (texts and speakers, "" = null) and, with `ends`, the file ends."""
+    if model.config.condition is None:
         return {}
     n = batch["codes"].shape[0]
     condition = model.condition_inputs([t or None for t in batch["text"]], [s or None for s in batch["speaker"]], n)
-    if batch.get("positions") is not None and model.cfg.condition.guided_alignment:  # guided attention (lm.alignment)
-        condition = dataclasses.replace(condition, positions=batch["positions"].to(model.device))
     return {"condition": condition, "ends": batch["ends"] if ends else None}
 
 
@@ -148,8 +147,6 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         speakers: the speaker table of a conditioned LM whose config lists none (linked from the data).
     """
 
-    model_class: type = MultiCodebookLM  # a subclass training another LM family builds its own
-
     def __init__(self, config: LMConfig, n_codebooks: int | None = None, codebook_size: int | None = None,
                  codec_fingerprint: str | None = None, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
                  adam_eps: float = 1e-8, weight_decay: float = 0.1, warmup_steps: int = 100,
@@ -171,7 +168,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters(ignore=["config", "n_codebooks", "codebook_size", "codec_fingerprint", "speakers"])
         self.hparams["config"] = self.lm_config.to_dict()  # complete, as LightningCLI re-reads it on resume
-        self.model = self.model_class(self.lm_config)
+        self.model = build_lm(self.lm_config)  # the model of the config's family (lm.families)
         self._fresh: list[str] = []  # parameters init_from left at their initialisation
         if init_from is not None:
             self._load_initial_weights(init_from)
@@ -181,7 +178,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         self._val_count: Tensor | None = None
 
     def _load_initial_weights(self, folder: str) -> None:
-        self._fresh = warm_start(self.model, MultiCodebookLM.from_pretrained(folder), folder)
+        self._fresh = warm_start(self.model, load_lm(folder), folder)
 
     # -- training ---------------------------------------------------------------------------------
     def on_fit_start(self) -> None:
@@ -231,15 +228,17 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
 
     def _log_losses(self, stage: str, nll_sum: Tensor, count: Tensor, loss: Tensor | None = None) -> None:
-        per_cb = (nll_sum / count.clamp(min=1)).float()
+        """Loss and perplexity overall and per codebook (level), each codebook's only where it had targets
+        (a masked LM's training batch scores a few levels)."""
         overall = loss if loss is not None else (nll_sum.sum() / count.sum().clamp(min=1)).float()
         on_step = stage == "train"
         kw = dict(on_step=on_step, on_epoch=not on_step, sync_dist=False)
         self.log(f"{stage}/loss", overall, prog_bar=True, **kw)
         self.log(f"{stage}/ppl", overall.exp(), **kw)
-        for k in range(per_cb.numel()):
-            self.log(f"{stage}/loss_cb{k}", per_cb[k], **kw)
-            self.log(f"{stage}/ppl_cb{k}", per_cb[k].exp(), **kw)
+        for k in count.nonzero()[:, 0].tolist():
+            per_cb = (nll_sum[k] / count[k]).float()
+            self.log(f"{stage}/loss_cb{k}", per_cb, **kw)
+            self.log(f"{stage}/ppl_cb{k}", per_cb.exp(), **kw)
 
     # -- validation: token-weighted over every held-out window of every rank ----------------------
     def on_validation_epoch_start(self) -> None:
@@ -315,8 +314,8 @@ def evaluate_nll(model: MultiCodebookLM, windows: ValidWindows, ends: bool = Fal
     A conditioned LM reads each window's conditions (windows built with conditions=True); its
     end-of-audio targets count only with `ends`, so by default the targets are the codes alone."""
     model.eval()
-    nll = torch.zeros(model.cfg.n_codebooks, dtype=torch.float64)
-    count = torch.zeros(model.cfg.n_codebooks, dtype=torch.int64)
+    nll = torch.zeros(model.config.n_codebooks, dtype=torch.float64)
+    count = torch.zeros(model.config.n_codebooks, dtype=torch.int64)
     for batch in windows:
         out = model.loss(batch["codes"].to(model.device), batch["frame_mask"].to(model.device),
                          **batch_conditions(model, batch, ends))
@@ -379,7 +378,7 @@ def held_out_report(model: MultiCodebookLM, tokens_dir: str, split: str = "valid
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    cfg = model.cfg
+    cfg = model.config
     shards, files, window = held_out_files(cfg, tokens_dir, split, split_by, valid_fraction, window_frames)
     windows = ValidWindows(files, cfg.n_codebooks, window, batch_size, conditions=cfg.condition is not None)
     with torch.inference_mode():
@@ -425,15 +424,16 @@ class LMTrainingCLI(LightningCLI):
                                            init_args=Namespace(save_dir=str(run_dir), name="logs"))
 
 
-def train_main(args: Sequence[str] | None = None, module: type = LMTrainingModule) -> int:
-    """`rvqlm train-lm ARGS`: LightningCLI `fit` with ARGS (e.g. --config recipes/lm_tiny.yaml); `module`:
-    the LightningModule (lm.masked_training's for `rvqlm train-masked-lm`).
+def train_main(args: Sequence[str] | None = None) -> int:
+    """`rvqlm train-lm ARGS`: LightningCLI `fit` with ARGS (e.g. --config recipes/lm_tiny.yaml) of the
+    LightningModule of the recipe's LM family (lm.families.recipe_family).
 
     sys.argv is left alone: Lightning's DDP launcher re-runs it to start the other ranks.
     """
     args = list(sys.argv[1:] if args is None else args)
     if args and args[0] == "fit":
         args = args[1:]
+    module = family_of(recipe_family(args)).resolve("training_module")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended to run from within")
         LMTrainingCLI(module, TokenDataModule, args=["fit", *args],

@@ -39,11 +39,11 @@ def warm_start(model: nn.Module, start: nn.Module, source: str) -> list[str]:
     of the tensors that kept their fresh initialisation. ValueError naming `source` and every
     difference when the two cannot be paired, or `source` alone when it is an int8 (inference-only) LM."""
     refuse_training(start, f"init_from {source}:")
-    differ = architecture_differences(model.cfg, start.cfg)
+    differ = architecture_differences(model.config, start.config)
     if not differ:
         model.load_state_dict(start.state_dict())
         return []
-    conditioned_from_plain = model.cfg.condition is not None and start.cfg.condition is None
+    conditioned_from_plain = model.config.condition is not None and start.config.condition is None
     if differ != [d for d in differ if d.startswith("condition ")] or not conditioned_from_plain:
         raise ValueError(f"init_from {source}: its LM differs from this recipe's in " + ", ".join(differ)
                          + " (an LM starts from the same architecture, or a conditioned LM from an unconditioned "
@@ -55,7 +55,7 @@ def warm_start(model: nn.Module, start: nn.Module, source: str) -> list[str]:
 def _decoder_into_conditioned(model: nn.Module, start: nn.Module, source: str) -> list[str]:
     """Copy the unconditioned `start`'s decoder into the conditioned `model`; returns the fresh tensor names."""
     mine, theirs = model.state_dict(), start.state_dict()
-    v = model.cfg.codebook_size
+    v = model.config.codebook_size
     problems = [f"unexpected tensor {k}" for k in theirs if k not in mine]
     fresh = [k for k in mine if k not in theirs]
     problems += [f"missing tensor {k}" for k in fresh if not any(part in k for part in FRESH_IN_CONDITIONED)]
@@ -63,7 +63,8 @@ def _decoder_into_conditioned(model: nn.Module, start: nn.Module, source: str) -
         if name not in mine:
             continue
         if name == "token_embedding.weight":
-            _copy_rows(mine[name], tensor, model.cfg.n_codebooks, [(slice(0, v), slice(0, v)), (v + 1, v), (v + 2, v + 1)])
+            _copy_rows(mine[name], tensor, model.config.n_codebooks,
+                       [(slice(0, v), slice(0, v)), (v + 1, v), (v + 2, v + 1)])
         elif name == "head_weight":
             mine[name][:, :v].copy_(tensor)  # row v, the end-of-audio logit, stays fresh
         elif mine[name].shape != tensor.shape:

@@ -92,7 +92,7 @@ $RVQLM export-lm "$lm" runs/shipped-lm --dtype float16
 cp runs/shipped-lm/config.json runs/shipped-lm/model.safetensors models/lm-speech-16k/
 $RVQLM eval-lm --lm models/lm-speech-16k --tokens "$tokens" --split valid --unigram
 if [ "$MASKED_STEPS" -gt 0 ]; then
-  $RVQLM train-masked-lm --config recipes/lm_masked_speech.yaml --data.tokens_dir "$tokens" \
+  $RVQLM train-lm --config recipes/lm_masked_speech.yaml --data.tokens_dir "$tokens" \
       --trainer.max_steps "$MASKED_STEPS" --model.total_steps "$MASKED_STEPS"
   rm -rf runs/shipped-masked-lm
   $RVQLM export-lm runs/lm_masked_speech/pretrained runs/shipped-masked-lm --dtype float16

@@ -19,7 +19,9 @@ import torch
 
 from codec import Codec, CodecConfig
 from lm import LMConfig, MultiCodebookLM
+from lm.ar_decode import ARDecoding
 from lm.generate import generate
+from lm.sampling import SamplingOptions
 
 TINY_LM = dict(n_codebooks=3, codebook_size=16, d_model=32, n_layers=2, n_heads=2, max_seq_len=64, pattern="delay")
 
@@ -50,8 +52,9 @@ def lm_moves_with_the_same_loss_and_cached_greedy_decoding(device: str, tmp_path
         there = moved.loss(codes.to(device), mask.to(device)).loss
     assert there.device == moved.device and moved.device.type == torch.device(device).type
     assert abs(cpu.item() - there.item()) < 1e-4 * abs(cpu.item())
-    cached = generate(moved, None, 20, greedy=True, batch_size=2)
-    plain = generate(moved, None, 20, greedy=True, batch_size=2, use_cache=False)
+    cached = generate(moved, None, 20, sampling=SamplingOptions(greedy=True), batch_size=2)
+    plain = generate(moved, None, 20, sampling=SamplingOptions(greedy=True), options=ARDecoding(use_cache=False),
+                     batch_size=2)
     assert cached.device == moved.device and cached.shape == (2, 3, 20)
     assert torch.equal(cached, plain)
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from lm import LMConfig, MultiCodebookLM
-from lm.generate import generate, iter_decode, plan_generation
-from lm.sampling import sample_next
+from lm.ar_decode import ARDecoding, iter_decode, plan_generation
+from lm.generate import generate
+from lm.sampling import SamplingOptions, sample_next
 
 N_C, V = 3, 16
 
@@ -43,7 +44,7 @@ def greedy(logits):
 def test_output_shape_prompt_kept_and_codes_in_range():
     model = tiny_lm()
     p = prompt()
-    out = generate(model, p, 9, temperature=0.9, top_k=8, top_p=0.9, seed=0)
+    out = generate(model, p, 9, sampling=SamplingOptions(temperature=0.9, top_k=8, top_p=0.9, seed=0))
     assert out.shape == (2, N_C, 4 + 9) and out.dtype == torch.long
     assert torch.equal(out[..., :4], p)
     assert out.min() >= 0 and out.max() < V  # no pad / bos leaks into the codes
@@ -55,10 +56,10 @@ def test_prompt_frames_are_forced_not_sampled():
     # of a 1-frame prompt, with frame 1 replaced by codes differing from it.
     model = tiny_lm()
     p1 = prompt(1, 1)
-    own = generate(model, p1, 3, greedy=True)
+    own = generate(model, p1, 3, sampling=SamplingOptions(greedy=True))
     forced = own[..., :3].clone()
     forced[..., 1] = (own[..., 1] + 1) % V
-    out = generate(model, forced, 2, greedy=True)
+    out = generate(model, forced, 2, sampling=SamplingOptions(greedy=True))
     assert torch.equal(out[..., :3], forced)
 
 
@@ -71,7 +72,7 @@ def test_delay_pattern_codebook_k_at_step_s_is_frame_s_minus_k():
     for k in range(N_C):
         for s in range(seq.shape[-1]):
             frame = s - k
-            expected = codes[k, frame] if 0 <= frame < t else model.cfg.pad_id
+            expected = codes[k, frame] if 0 <= frame < t else model.config.pad_id
             assert seq[k, s] == expected
     # The forced mask: invalid slots and the 2 prompt frames; the first step to sample is frame 2's.
     assert plan.first_step == 2
@@ -82,27 +83,28 @@ def test_delay_pattern_codebook_k_at_step_s_is_frame_s_minus_k():
 def test_zero_new_frames_returns_the_prompt():
     model = tiny_lm()
     p = prompt(2, 3)
-    assert torch.equal(generate(model, p, 0, greedy=True), p)
+    assert torch.equal(generate(model, p, 0, sampling=SamplingOptions(greedy=True)), p)
 
 
 def test_unconditional_generation_starts_from_bos():
     model = tiny_lm()
-    out = generate(model, None, 6, greedy=True, batch_size=3)
+    out = generate(model, None, 6, sampling=SamplingOptions(greedy=True), batch_size=3)
     assert out.shape == (3, N_C, 6)
     assert (out == out[:1]).all()  # greedy from the same bos: identical rows
     plan = plan_generation(model, torch.zeros(1, N_C, 0, dtype=torch.long), 6)
     first = next(iter_decode(model, plan, greedy))
-    bos = torch.full((1, N_C, 1), model.cfg.bos_id)
+    bos = torch.full((1, N_C, 1), model.config.bos_id)
     with torch.no_grad():
         assert torch.allclose(first.logits, model(bos)[:, :, 0], atol=1e-6)
-    assert torch.equal(generate(model, torch.zeros(3, N_C, 0, dtype=torch.long), 6, greedy=True), out)
+    assert torch.equal(generate(model, torch.zeros(3, N_C, 0, dtype=torch.long), 6,
+                                sampling=SamplingOptions(greedy=True)), out)
 
 
 def test_batch_rows_are_independent():
     model = tiny_lm()
     p = prompt(3, 3)
-    together = generate(model, p, 7, greedy=True)
-    alone = torch.cat([generate(model, p[i:i + 1], 7, greedy=True) for i in range(3)])
+    together = generate(model, p, 7, sampling=SamplingOptions(greedy=True))
+    alone = torch.cat([generate(model, p[i:i + 1], 7, sampling=SamplingOptions(greedy=True)) for i in range(3)])
     assert torch.equal(together, alone)
 
 
@@ -111,9 +113,9 @@ def test_batch_rows_are_independent():
 def test_greedy_is_deterministic_and_equals_top_k_1():
     model = tiny_lm()
     p = prompt()
-    a = generate(model, p, 10, greedy=True)
-    b = generate(model, p, 10, greedy=True)
-    c = generate(model, p, 10, temperature=2.0, top_k=1, seed=5)
+    a = generate(model, p, 10, sampling=SamplingOptions(greedy=True))
+    b = generate(model, p, 10, sampling=SamplingOptions(greedy=True))
+    c = generate(model, p, 10, sampling=SamplingOptions(temperature=2.0, top_k=1, seed=5))
     assert torch.equal(a, b) and torch.equal(a, c)
 
 
@@ -121,9 +123,9 @@ def test_fixed_seed_is_reproducible():
     model = tiny_lm()
     p = prompt()
     kw = dict(temperature=1.5, top_k=10, top_p=0.95)
-    a = generate(model, p, 12, seed=3, **kw)
-    b = generate(model, p, 12, generator=torch.Generator().manual_seed(3), **kw)
-    c = generate(model, p, 12, seed=4, **kw)
+    a = generate(model, p, 12, sampling=SamplingOptions(seed=3, **kw))
+    b = generate(model, p, 12, sampling=SamplingOptions(**kw), generator=torch.Generator().manual_seed(3))
+    c = generate(model, p, 12, sampling=SamplingOptions(seed=4, **kw))
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
 
@@ -151,7 +153,7 @@ def test_cached_generation_equals_full_recompute_inside_the_context(pos, pattern
         assert torch.equal(seq_c, seq_r)  # greedy: same tokens
         assert torch.allclose(logits_c, logits_r, atol=LOGIT_ATOL, rtol=0)
         # ... and both equal ONE full forward pass over the final sequence.
-        inputs = torch.cat([torch.full_like(seq_c[..., :1], model.cfg.bos_id), seq_c[..., :-1]], dim=-1)
+        inputs = torch.cat([torch.full_like(seq_c[..., :1], model.config.bos_id), seq_c[..., :-1]], dim=-1)
         full = model(inputs)[:, :, plan_c.first_step:]
         assert torch.allclose(logits_c, full, atol=LOGIT_ATOL, rtol=0)
 
@@ -162,7 +164,7 @@ def test_each_cached_step_feeds_one_position_after_the_prefill():
     handle = model.register_forward_pre_hook(lambda m, args, kwargs: lengths.append(args[0].shape[-1]),
                                              with_kwargs=True)
     try:
-        generate(model, prompt(2, 6), 10, greedy=True)
+        generate(model, prompt(2, 6), 10, sampling=SamplingOptions(greedy=True))
     finally:
         handle.remove()
     n_steps = model.pattern.sequence_length(16) - 6
@@ -173,7 +175,7 @@ def test_each_cached_step_feeds_one_position_after_the_prefill():
 
 def inputs_of(model, seq):
     """The model inputs of a filled pattern sequence [B, N_c, S]: bos, then seq shifted right by one."""
-    return torch.cat([torch.full_like(seq[..., :1], model.cfg.bos_id), seq[..., :-1]], dim=-1)
+    return torch.cat([torch.full_like(seq[..., :1], model.config.bos_id), seq[..., :-1]], dim=-1)
 
 
 def fresh_window(inputs, s, w):
@@ -222,8 +224,10 @@ def test_rope_sink_generation_with_several_layers_matches_inside_and_differs_fro
         assert torch.equal(seq_s[..., :w], seq_p[..., :w]) and torch.allclose(logits_s[:, :, :inside],
                                                                               logits_p[:, :, :inside], atol=LOGIT_ATOL)
         assert not torch.allclose(logits_s[:, :, inside], logits_p[:, :, inside], atol=1e-2)
-    assert torch.equal(generate(model, p, 30, greedy=True), model.pattern.revert(seq_s))  # sink is the default
-    assert torch.equal(generate(model, p, 30, greedy=True, sink=False), model.pattern.revert(seq_p))
+    assert torch.equal(generate(model, p, 30,
+                                sampling=SamplingOptions(greedy=True)), model.pattern.revert(seq_s))  # sink is the default
+    assert torch.equal(generate(model, p, 30, sampling=SamplingOptions(greedy=True),
+                                options=ARDecoding(sink=False)), model.pattern.revert(seq_p))
 
 
 def test_rope_plain_ring_runs_past_the_context_and_equals_sliding_window_recompute():
@@ -264,7 +268,7 @@ def test_additive_positions_slide_a_recomputed_window_past_the_context(pos, sink
         # Inside the context the cache is used and matches the plain forward.
         assert torch.allclose(logits[:, :, :w - plan.first_step], model(inputs[..., :w])[:, :, plan.first_step:],
                               atol=LOGIT_ATOL, rtol=0)
-    out = generate(model, p, 25, greedy=True, use_cache=False, sink=sink)
+    out = generate(model, p, 25, sampling=SamplingOptions(greedy=True), options=ARDecoding(use_cache=False, sink=sink))
     assert torch.equal(out, model.pattern.revert(seq))
 
 
@@ -287,7 +291,7 @@ def test_prefill_reaching_past_the_context_with_the_sink_cache():
 
 def test_training_mode_is_restored_and_progress_bar_reports_rtf(capsys):
     model = tiny_lm().train()
-    generate(model, prompt(1, 2), 5, greedy=True, progress=True, frame_rate=50)
+    generate(model, prompt(1, 2), 5, sampling=SamplingOptions(greedy=True), progress=True, frame_rate=50)
     assert model.training
     err = capsys.readouterr().err
     assert "5/5" in err and "frame" in err and "rtf=" in err
@@ -302,7 +306,7 @@ def test_sampler_is_the_one_from_lm_sampling():
     choose = functools.partial(sample_next, temperature=0.7, top_k=5, top_p=0.8, greedy=False, generator=g)
     with torch.no_grad():
         step = next(iter_decode(model, plan, choose))
-    out = generate(model, p, 1, temperature=0.7, top_k=5, top_p=0.8, seed=11)
+    out = generate(model, p, 1, sampling=SamplingOptions(temperature=0.7, top_k=5, top_p=0.8, seed=11))
     assert out[0, 0, 3] == step.tokens[0, 0]
 
 
@@ -322,7 +326,7 @@ def test_sampler_is_the_one_from_lm_sampling():
 def test_bad_requests_raise_clear_errors(codes, n, kwargs, match):
     model = tiny_lm(max_seq_len=16)
     with pytest.raises(ValueError, match=match):
-        generate(model, codes, n, **kwargs)
+        generate(model, codes, n, sampling=SamplingOptions(**kwargs))
 
 
 # ---- the `rvqlm generate` command -------------------------------------------------------------
@@ -459,19 +463,6 @@ def test_cli_refuses_a_wrong_codec(saved_pair, tmp_path, capsys, which):
     assert not (tmp_path / "o.wav").exists()
 
 
-def test_model_generate_method_is_the_generate_function():
-    """`model.generate(...)` (the issue's API) gives exactly what lm.generate.generate gives."""
-    from lm import LMConfig, MultiCodebookLM
-    from lm.generate import generate as generate_fn
-
-    model = MultiCodebookLM(LMConfig(n_codebooks=3, codebook_size=11, d_model=16, n_layers=1, n_heads=2,
-                                     max_seq_len=32)).eval()
-    prompt = torch.randint(0, 11, (2, 3, 4))
-    a = model.generate(prompt, 5, temperature=0.8, top_k=5, seed=3)
-    b = generate_fn(model, prompt, 5, temperature=0.8, top_k=5, seed=3)
-    assert a.shape == (2, 3, 9) and torch.equal(a, b) and torch.equal(a[:, :, :4], prompt)
-
-
 # ---- a conditioned LM on the command line (issue 20) ----------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -520,12 +511,12 @@ def test_cli_says_a_text_in_a_voice_and_stops_by_itself(saved_pair, cond_lm, tmp
     [
         ("cond", ("--speaker", "nemo"), "unknown speaker 'nemo'; this LM knows: font_small, font_big"),
         ("cond", ("--text", "příliš dlouhý text"), "over this LM's limit of text_max_bytes=16"),
-        ("cond", ("--cfg", -1), "--cfg must be a finite number >= 0"),
+        ("cond", ("--cfg", -1), "guidance scale (cfg) must be a finite number >= 0"),
         ("plain", ("--text", "ahoj"), "--text: the LM"),
         ("plain", ("--speaker", "font_small", "--cfg", 2), "--speaker --cfg: the LM"),
-        ("cond", ("--text", "ahoj", "--monotonic"), "--monotonic: the LM"),
+        ("cond", ("--text", "ahoj", "--monotonic"), "monotonic reading needs an LM trained with guided attention"),
         ("plain", ("--no-monotonic",), "--monotonic: the LM"),
-        ("cond", ("--speaker-cfg", -2), "--speaker-cfg must be a finite number >= 0"),
+        ("cond", ("--speaker-cfg", -2), "speaker guidance scale must be a finite number >= 0"),
         ("plain", ("--speaker-cfg", 2), "--speaker-cfg: the LM"),
     ],
 )

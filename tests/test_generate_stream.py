@@ -11,7 +11,9 @@ import torch
 from codec import Codec, CodecConfig
 from codec.audio import save_audio
 from lm import LMConfig, MultiCodebookLM
+from lm.conditioning import Condition
 from lm.generate import generate
+from lm.sampling import SamplingOptions
 from rvqlm.cli import main
 from rvqlm.commands.stream_generate import ContinuationWriter, GrowingWav
 
@@ -60,11 +62,12 @@ def test_frames_come_as_generated_and_are_generates_codes(pair):
     model = MultiCodebookLM.from_pretrained(pair / "lm")
     prompt = torch.randint(0, V, (2, N_C, 5), generator=torch.Generator().manual_seed(0))
     got = []
-    codes = generate(model, prompt, 9, temperature=0.9, top_k=8, seed=3,
-                     on_frames=lambda c, ends: got.append((c, ends)))
+    codes = generate(model, prompt, 9, sampling=SamplingOptions(temperature=0.9, top_k=8, seed=3), on_frames=lambda c,
+                     ends: got.append((c, ends)))
     assert [c.shape[-1] for c, _ in got] == [5] + [1] * 9  # the prompt, then one frame per step
     assert torch.equal(torch.cat([c for c, _ in got], dim=-1), codes)
-    assert torch.equal(codes, generate(model, prompt, 9, temperature=0.9, top_k=8, seed=3))  # same without on_frames
+    assert torch.equal(codes, generate(model, prompt, 9,
+                                       sampling=SamplingOptions(temperature=0.9, top_k=8, seed=3)))  # same without on_frames
     assert all(ends.tolist() == [14, 14] for _, ends in got)
 
 
@@ -75,8 +78,9 @@ def test_frames_past_a_rows_end_come_as_zeros_with_the_rows_ends():
     prompt = torch.randint(0, 16, (2, 3, 4))
     handle = rigged(model, lambda b: torch.tensor([1e4, -1e4] * (b // 2), dtype=torch.float64)[:, None])
     got = []
-    codes, lengths = generate(model, prompt, 10, text=["a", "b"], speaker="font_big", cfg_scale=1.0, seed=0,
-                              return_lengths=True, on_frames=lambda c, ends: got.append((c, ends)))
+    codes, lengths = generate(model, prompt, 10, sampling=SamplingOptions(seed=0, cfg_scale=1.0),
+                              condition=Condition(text=["a", "b"], speaker="font_big"), return_lengths=True,
+                              on_frames=lambda c, ends: got.append((c, ends)))
     handle.remove()
     assert lengths.tolist() == [4, 14] and got[-1][1].tolist() == [4, 14]  # row 0 ended right after its prompt
     assert torch.equal(torch.cat([c for c, _ in got], dim=-1), codes)

@@ -17,6 +17,7 @@ LAYERS = {
     "benchmarks": {"rvqlm_core", "codec", "lm", "rvqlm"},
 }
 LIBRARIES = ("rvqlm_core", "codec", "lm", "rvqlm")
+FAMILY_REGISTRY = "lm/families.py"  # the one module that may tell LM families apart by name
 MAX_FILE_LINES = 450
 APP_TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py"}  # the rest of rvqlm/ lives in rooms (subpackages)
 MAX_FUNCTION_LINES = 60
@@ -146,6 +147,43 @@ def stray_app_modules(root: Path) -> list[str]:
     return sorted(f"rvqlm/{p.name}" for p in (root / "rvqlm").glob("*.py") if p.name not in APP_TOP_LEVEL)
 
 
+def _names_a_family(node: ast.AST) -> bool:
+    """`family`, `x.family`, `x["family"]`, `x.get("family")`: an expression that is an LM family's name."""
+    if isinstance(node, ast.Name):
+        return "family" in node.id
+    if isinstance(node, ast.Attribute):
+        return "family" in node.attr
+    key = node.slice if isinstance(node, ast.Subscript) else (
+        node.args[0] if isinstance(node, ast.Call) and node.args and getattr(node.func, "attr", "") == "get" else None)
+    return isinstance(key, ast.Constant) and key.value == "family"
+
+
+def _strings(node: ast.AST) -> bool:
+    """A string constant, or a tuple / list / set of them."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return bool(node.elts) and all(_strings(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def family_branches(root: Path) -> list[str]:
+    """Comparisons of a family's name with a string (`family == "masked"`, `cfg.family != "ar"`, `family in
+    ("a", "b")`) outside the family registry: a switch on the family that belongs in the registry."""
+    found = []
+    for package in LAYERS:
+        for path in sorted((root / package).rglob("*.py")):
+            if path.relative_to(root).as_posix() == FAMILY_REGISTRY:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Compare):
+                    continue
+                sides = [node.left, *node.comparators]
+                family = any(_names_a_family(x) or isinstance(x, ast.Tuple) and any(map(_names_a_family, x.elts))
+                             for x in sides)
+                if family and any(_strings(x) for x in sides):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
 def test_imports_run_down_the_layers_only():
     assert upward_imports(import_graph(REPO)) == []
 
@@ -183,6 +221,15 @@ def test_the_application_keeps_its_modules_in_rooms():
 def test_the_checks_find_what_they_look_for(tmp_path):
     """A planted upward import, a planted circle (one of them lazy, one relative), a long function
     and a module at rvqlm/'s top level are each reported: the checks above can fail."""
+
+
+def test_no_family_string_branch_outside_the_family_registry():
+    assert family_branches(REPO) == []
+
+
+def test_the_checks_find_what_they_look_for(tmp_path):
+    """A planted upward import, a planted circle (one of them lazy, one relative), a long function and
+    family string branches are each reported: the checks above can fail."""
     files = {
         "rvqlm_core/__init__.py": "",
         "codec/__init__.py": "",
@@ -190,6 +237,8 @@ def test_the_checks_find_what_they_look_for(tmp_path):
         "lm/__init__.py": "",
         "lm/model.py": "from lm.generate import generate\n",
         "lm/generate.py": "def g():\n    from .model import M\n",
+        "lm/families.py": "def f(cfg):\n    return cfg.family == 'ar'\n",
+        "rvqlm/generate.py": "def f(m, c):\n    return m.config.family != 'masked' or c['family'] in ('a', 'b')\n",
         "rvqlm/__init__.py": "",
         "rvqlm/corpus.py": "import codec\n\n\ndef h():\n" + "    x = 1\n" * 70,
     }
@@ -207,3 +256,6 @@ def test_the_readme_stays_short():
     """A newcomer reads the README whole: at most 160 lines (details go to docs/ and the model cards)."""
     lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= 160, f"README.md has {lines} lines"
+
+
+    assert family_branches(tmp_path) == ["rvqlm/generate.py:2", "rvqlm/generate.py:2"]

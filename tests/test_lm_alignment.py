@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from lm import LMConfig, MultiCodebookLM
-from lm.alignment import forward_recording, guide_penalty, guided_attention_loss, noisy_context, off_diagonal_mass
+from lm.alignment import forward_recording, guide_penalty, noisy_context, off_diagonal_mass
+from lm.ar_decode import ARDecoding
+from lm.conditioning import Condition
+from lm.sampling import SamplingOptions
 from test_lm_conditioning import cond_cfg, cond_model, inputs_of
 
 
@@ -103,6 +106,12 @@ def test_guided_heads_must_exist_and_old_configs_load_without_a_guide():
     for key in ("guided_attention", "guided_sigma", "guided_heads"):
         old["condition"].pop(key)
     assert LMConfig.from_dict(old).condition.guided_attention == 0.0
+    # the guided-alignment experiment's keys, off in the shipped conditioned LM, load as nothing; on, refused
+    old["condition"].update(guided_alignment=False, guided_sigma_bytes=3.0)
+    assert LMConfig.from_dict(old) == LMConfig.from_dict(cond_cfg().to_dict())
+    old["condition"]["guided_alignment"] = True
+    with pytest.raises(ValueError, match="guided_alignment"):
+        LMConfig.from_dict(old)
 
 
 def test_context_noise_replaces_codes_at_its_rate_in_training_only_and_never_special_ids():
@@ -137,7 +146,7 @@ def test_a_focus_limits_only_the_guided_heads_last_rows_to_a_masked_softmax():
     attn = model.blocks[0].cross_attn
     memory = model.cross_memory(inputs_of(model, ["ahoj lode", "lod"], ["font_small", "font_big"]))
     k, v = memory.kv[0]
-    x = torch.randn(2, 5, model.cfg.d_model, dtype=torch.float64)
+    x = torch.randn(2, 5, model.config.d_model, dtype=torch.float64)
     focus = torch.zeros(2, 2, memory.mask.shape[1], dtype=torch.bool)
     focus[:, :, :4] = True  # the last two rows may see the speaker and bytes 0..2
     attn.record_heads = 4
@@ -176,7 +185,7 @@ def test_the_reading_position_follows_the_attention_forward_only_a_byte_a_step()
     model = guided_model()
     memory = model.cross_memory(inputs_of(model, ["a" * 20, None], ["font_small", "font_small"]))
     window = ReadingWindow(model, memory, back=2, front=6, step=1.0, linger=None, patience=None)
-    logits = torch.zeros(2, 3, 1, model.cfg.n_outputs, dtype=torch.float64)
+    logits = torch.zeros(2, 3, 1, model.config.n_outputs, dtype=torch.float64)
     positions = []
     for centre in (5, 5, 0, 0, 1, 3):  # attention jumps ahead, then back, then just past p
         reading_step(window, [centre, 15], logits)
@@ -192,9 +201,9 @@ def test_the_end_waits_for_the_last_byte_is_forced_after_linger_and_patience_pus
     from lm.alignment import ReadingWindow
 
     model = guided_model()
-    end = model.cfg.end_id
+    end = model.config.end_id
     memory = model.cross_memory(inputs_of(model, ["a" * 10, None], ["font_small", "font_big"]))
-    logits = torch.zeros(2, 3, 1, model.cfg.n_outputs, dtype=torch.float64)
+    logits = torch.zeros(2, 3, 1, model.config.n_outputs, dtype=torch.float64)
     window = ReadingWindow(model, memory, back=2, front=6, step=1.0, linger=2, patience=3)
     out = reading_step(window, [0, 0], logits)
     assert out[0, 0, -1, end] == float("-inf") and out[1, 0, -1, end] == 0  # the text-less row is free
@@ -224,13 +233,15 @@ def test_monotonic_generation_recomputed_equals_cached_and_ends_only_having_read
 
     model = guided_model()
     texts, voices = ["ahoj lode, kam plujes?", "a", None], ["font_small", "font_big", "font_big"]
-    common = dict(text=texts, speaker=voices, cfg_scale=2.0, seed=3, return_lengths=True)
+    common = dict(condition=Condition(texts, voices), sampling=SamplingOptions(cfg_scale=2.0, seed=3),
+                  return_lengths=True)
     cached, n_cached = generate(model, None, 30, **common)
-    recomputed, n_recomputed = generate(model, None, 30, use_cache=False, **common)
+    recomputed, n_recomputed = generate(model, None, 30, options=ARDecoding(use_cache=False), **common)
     assert torch.equal(cached, recomputed) and torch.equal(n_cached, n_recomputed)
-    free, _ = generate(model, None, 30, monotonic=False, **common)
+    free, _ = generate(model, None, 30, options=ARDecoding(monotonic=False), **common)
     assert not torch.equal(free, cached)  # the window changes what the guided heads read
-    assert torch.equal(cached, generate(model, None, 30, monotonic=True, **common)[0])  # on by default
+    assert torch.equal(cached, generate(model, None, 30, options=ARDecoding(monotonic=True),
+                                        **common)[0])  # on by default
     # a text of 22 bytes read at most a byte a step: with front 6 the end cannot come before step 15
     assert n_cached[0] >= 22 - 1 - 6
 
@@ -240,67 +251,10 @@ def test_monotonic_reading_is_refused_where_there_are_no_reading_heads_and_off_b
 
     unguided = cond_model().eval()
     with pytest.raises(ValueError, match="guided attention"):
-        generate(unguided, None, 3, text="a", monotonic=True)
-    common = dict(text="ahoj", speaker="font_small", seed=0)
-    assert torch.equal(generate(unguided, None, 8, **common), generate(unguided, None, 8, monotonic=False, **common))
+        generate(unguided, None, 3, condition=Condition(text="a"), options=ARDecoding(monotonic=True))
+    common = dict(condition=Condition("ahoj", "font_small"), sampling=SamplingOptions(seed=0))
+    assert torch.equal(generate(unguided, None, 8,
+                                **common), generate(unguided, None, 8, options=ARDecoding(monotonic=False), **common))
     plain = MultiCodebookLM(LMConfig(n_codebooks=3, codebook_size=16, d_model=32, n_layers=1, n_heads=4))
     with pytest.raises(ValueError, match="this LM is not conditioned"):
-        generate(plain, None, 3, monotonic=True)
-
-
-def test_a_known_alignment_centres_the_penalty_on_the_byte_said_and_unknown_rows_keep_the_diagonal():
-    """Where positions a_s are known: W[s, j] = 1 - exp(-(j + 1/2 - a_s)^2 / (2 g_b^2)); step s reads frame
-    s, steps past the last frame its byte; NaN rows are the diagonal's W."""
-    g, gb, text_len, seq_len, n_pos, width = 0.3, 2.0, torch.tensor([6, 6]), torch.tensor([7, 7]), 7, 8
-    a = torch.tensor([[0.5, 0.5, 2.0, 4.0, 5.5], [math.nan] * 5])
-    w = guide_penalty(text_len, seq_len, n_pos, width, g, a, gb)
-    diagonal = guide_penalty(text_len, seq_len, n_pos, width, g)
-    assert torch.equal(w[1], diagonal[1])
-    for s in range(n_pos):
-        assert w[0, s, 0] == 1.0 and (w[0, s, 7:] == 0).all()
-        centre = float(a[0, min(s, 4)])
-        for j in range(6):
-            want = 1 - math.exp(-((j + 0.5 - centre) ** 2) / (2 * gb * gb))
-            assert w[0, s, 1 + j].item() == pytest.approx(want, abs=1e-6)
-
-
-def test_reading_at_the_true_pace_beats_the_diagonal_where_the_alignment_is_known():
-    """A line that lingers on its first byte: attention that follows the alignment costs least, the
-    even diagonal costs more; a row with an alignment is guided without holding its file's end."""
-    L, S, g, gb = 8, 32, 0.2, 1.0
-    pace = torch.tensor([[min(8.0, 0.5 + max(0, s - 16) / 2) for s in range(S)]])  # silent half, then read
-    follows = one_hot_maps(L, S, lambda s: 1 + min(L - 1, int(pace[0, s])))
-    diagonal = one_hot_maps(L, S, lambda s: 1 + (s * L) // S)
-    args = (torch.tensor([L]), torch.tensor([S]), torch.tensor([True]), g, pace, gb)
-    assert off_diagonal_mass([follows], *args).item() < 0.15 < off_diagonal_mass([diagonal], *args).item()
-    cfg = cond_cfg(condition={"guided_attention": 1.0, "guided_sigma": g, "guided_sigma_bytes": gb}).condition
-    memory = type("Memory", (), {"text_len": torch.tensor([L])})()
-    valid = torch.ones(1, 3, S, dtype=torch.bool)
-    condition = type("Inputs", (), {"positions": pace})()
-    assert guided_attention_loss([diagonal], memory, torch.tensor([False]), valid, cfg, condition).item() == \
-        pytest.approx(off_diagonal_mass([diagonal], *args).item())
-    assert guided_attention_loss([diagonal], memory, torch.tensor([False]), valid, cfg, None).item() == 0.0
-
-
-def test_training_batches_pass_their_positions_to_the_guided_loss():
-    model = cond_model(condition={"guided_attention": 1.0, "guided_heads": 2}).train()
-    codes = torch.randint(0, 16, (2, 3, 9))
-    cond = inputs_of(model, ["ahoj", "lod"], ["font_small", "font_big"])
-    ends = torch.tensor([False, False])
-    torch.manual_seed(0)
-    assert model.loss(codes, None, cond, ends).guide.item() == 0.0  # no end, no alignment: nothing known
-    cond.positions = torch.linspace(0, 4, 9)[None].repeat(2, 1)
-    assert model.loss(codes, None, cond.nulled(model.cfg.condition.null_speaker, torch.tensor([True, True])),
-                      ends).guide.item() == 0.0  # dropped texts are not guided
-    assert model.loss(codes, None, cond, ends).guide.item() > 0.0
-
-
-def test_batches_carry_their_alignment_only_to_an_lm_that_follows_alignments():
-    from lm.training import batch_conditions
-
-    batch = {"codes": torch.zeros(2, 3, 9, dtype=torch.long), "text": ["ahoj", ""], "speaker": ["font_small", ""],
-             "ends": torch.tensor([True, False]), "positions": torch.linspace(0, 4, 9)[None].repeat(2, 1)}
-    plain = cond_model(condition={"guided_attention": 1.0, "guided_heads": 2})
-    assert batch_conditions(plain, batch)["condition"].positions is None
-    follows = cond_model(condition={"guided_attention": 1.0, "guided_heads": 2, "guided_alignment": True})
-    assert torch.equal(batch_conditions(follows, batch)["condition"].positions, batch["positions"])
+        generate(plain, None, 3, options=ARDecoding(monotonic=True))

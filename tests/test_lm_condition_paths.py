@@ -32,7 +32,7 @@ def test_a_constant_from_the_encoder_blocks_does_not_reach_the_memory():
     with torch.no_grad():
         before = enc(cond).states
         last = enc.blocks[-1]
-        offset = 50.0 * torch.randn(model.cfg.d_model)
+        offset = 50.0 * torch.randn(model.config.d_model)
         original = last.forward
         last.forward = lambda *a, **k: original(*a, **k) + offset
         after = enc(cond).states

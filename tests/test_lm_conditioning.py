@@ -11,12 +11,14 @@ import pytest
 import torch
 
 from lm import LMConfig, MultiCodebookLM
-from lm.conditioning import NULL_TEXT, PAD_BYTE, ConditionInputs, condition_inputs
+from lm.ar_decode import iter_decode, plan_generation
+from lm.conditioning import Condition, ConditionInputs, NULL_TEXT, PAD_BYTE, condition_inputs
 from lm.end_of_audio import layout_with_end
-from lm.generate import generate, iter_decode, plan_generation
-from lm.guidance import ConditionedDecoder
+from lm.generate import generate
+from lm.guidance import GuidedDecoder
 from lm.layers import Block, CrossAttention
 from lm.patterns import get_pattern
+from lm.sampling import SamplingOptions
 from seed_helpers import randomized
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,9 +45,18 @@ def inputs_of(model, texts, speakers) -> ConditionInputs:
     return model.condition_inputs(texts, speakers, len(texts))
 
 
+PAIR = (["ahoj", "loď"], ["font_small", "font_big"])  # two rows' texts and speakers
+
+
+def guided(model, texts, speakers, scale=None, speaker_scale=None) -> GuidedDecoder:
+    """The model bound to one text and speaker per row, at these guidance scales (lm.guidance)."""
+    sampling = SamplingOptions(cfg_scale=scale, speaker_cfg_scale=speaker_scale)
+    return GuidedDecoder(model, Condition(texts, speakers), sampling, len(texts))
+
+
 def model_inputs(model, codes):
-    seq, _ = model.pattern.build(codes, None, model.cfg.pad_id)
-    return torch.cat([torch.full_like(seq[..., :1], model.cfg.bos_id), seq[..., :-1]], dim=-1)
+    seq, _ = model.pattern.build(codes, None, model.config.pad_id)
+    return torch.cat([torch.full_like(seq[..., :1], model.config.bos_id), seq[..., :-1]], dim=-1)
 
 
 # ---- the encoder-decoder of seed 000 -------------------------------------------------------------
@@ -111,9 +122,9 @@ def test_the_decoder_stays_causal_in_audio():
     depends only on the audio tokens up to t."""
     model = cond_model()
     memory = model.encode_condition(inputs_of(model, ["ahoj", "nazdar"], ["font_small", "font_big"]))
-    tokens = torch.randint(0, model.cfg.embedding_rows, (2, 3, 12))
+    tokens = torch.randint(0, model.config.embedding_rows, (2, 3, 12))
     changed = tokens.clone()
-    changed[..., 7:] = torch.randint(0, model.cfg.embedding_rows, (2, 3, 5))
+    changed[..., 7:] = torch.randint(0, model.config.embedding_rows, (2, 3, 5))
     a, b = model(tokens, memory=memory), model(changed, memory=memory)
     torch.testing.assert_close(a[..., :7, :], b[..., :7, :], atol=0, rtol=0)
     assert not torch.allclose(a[..., 7:, :], b[..., 7:, :])
@@ -160,7 +171,7 @@ def test_dropout_draws_null_conditions_at_the_configured_rate_independently():
     cond = inputs_of(model, ["ahoj"] * n, ["font_big"] * n)
     dropped = model.condition_encoder.drop(cond)
     text_null = dropped.text_len == 0
-    speaker_null = dropped.speaker == model.cfg.condition.null_speaker
+    speaker_null = dropped.speaker == model.config.condition.null_speaker
     for frac, p in ((text_null, 0.3), (speaker_null, 0.2), (text_null & speaker_null, 0.06)):
         assert abs(frac.double().mean().item() - p) < 4 * math.sqrt(p * (1 - p) / n)
     kept = ~text_null & ~speaker_null
@@ -193,15 +204,15 @@ def test_cfg_scale_1_is_the_conditional_model_and_0_the_unconditional():
     """Issue 20: logits = uncond + s (cond - uncond), one batched forward of both; s = 1 runs no unconditional rows."""
     model = cond_model()
     cond = inputs_of(model, ["ahoj", "loď"], ["font_small", "font_big"])
-    tokens = torch.randint(0, model.cfg.embedding_rows, (2, 3, 9))
+    tokens = torch.randint(0, model.config.embedding_rows, (2, 3, 9))
     conditional = model(tokens, memory=model.encode_condition(cond))
     unconditional = model(tokens)  # no memory: the null conditions
     assert not torch.allclose(conditional, unconditional, atol=1e-3)
-    one = ConditionedDecoder(model, cond, 1.0)
-    assert one.memory.batch_size == 2 and not one.guided
+    one = guided(model, *PAIR, 1.0)
+    assert one.memory.batch_size == 2 and one.groups == 1
     torch.testing.assert_close(one(tokens), conditional, atol=1e-12, rtol=0)
-    torch.testing.assert_close(ConditionedDecoder(model, cond, 0.0)(tokens), unconditional, atol=1e-12, rtol=0)
-    three = ConditionedDecoder(model, cond, 3.0)
+    torch.testing.assert_close(guided(model, *PAIR, 0.0)(tokens), unconditional, atol=1e-12, rtol=0)
+    three = guided(model, *PAIR, 3.0)
     assert three.memory.batch_size == 4
     rows = []
     model.token_embedding.register_forward_hook(lambda m, a, o: rows.append(a[0].shape[0]))
@@ -214,31 +225,30 @@ def test_a_speaker_scale_of_its_own_guides_the_voice_and_the_text_apart():
     plain guidance (2B rows)."""
     model = cond_model()
     cond = inputs_of(model, ["ahoj", "loď"], ["font_small", "font_big"])
-    tokens = torch.randint(0, model.cfg.embedding_rows, (2, 3, 9))
+    tokens = torch.randint(0, model.config.embedding_rows, (2, 3, 9))
     conditional = model(tokens, memory=model.encode_condition(cond))
     alone = model(tokens, memory=model.encode_condition(model.condition_inputs(None, ["font_small", "font_big"], 2)))
     unconditional = model(tokens)
-    same = ConditionedDecoder(model, cond, 2.0, speaker_scale=2.0)
+    same = guided(model, *PAIR, 2.0, 2.0)
     assert same.memory.batch_size == 4
-    torch.testing.assert_close(same(tokens), ConditionedDecoder(model, cond, 2.0)(tokens), atol=1e-12, rtol=0)
-    split = ConditionedDecoder(model, cond, 3.0, speaker_scale=1.5)
+    torch.testing.assert_close(same(tokens), guided(model, *PAIR, 2.0)(tokens), atol=1e-12, rtol=0)
+    split = guided(model, *PAIR, 3.0, 1.5)
     assert split.memory.batch_size == 6 and split.new_cache(2).batch_size == 6
     rows = []
     model.token_embedding.register_forward_hook(lambda m, a, o: rows.append(a[0].shape[0]))
     want = unconditional + 1.5 * (alone - unconditional) + 3.0 * (conditional - alone)
     torch.testing.assert_close(split(tokens), want)
     assert rows == [6]
-    torch.testing.assert_close(ConditionedDecoder(model, cond, 1.0, speaker_scale=0.0)(tokens),
+    torch.testing.assert_close(guided(model, *PAIR, 1.0, 0.0)(tokens),
                                unconditional + conditional - alone)
     with pytest.raises(ValueError, match="speaker guidance scale must be a finite number >= 0"):
-        ConditionedDecoder(model, cond, 2.0, speaker_scale=-1)
+        guided(model, *PAIR, 2.0, -1)
 
 
 def test_cached_generation_with_cross_attention_gives_the_full_forward_logits():
     """Issue 20: each cached step's logits equal a full forward over the final sequence (float32, 1e-4),
     and every block's cross-attention keys/values are computed once for the whole generation."""
     model = cond_model(max_seq_len=64).float()
-    cond = inputs_of(model, ["ahoj", "hele"], ["font_small", "font_white"])
     projections = []
     for block in model.blocks:
         block.cross_attn.kv.register_forward_hook(lambda m, a, o: projections.append(1))
@@ -246,9 +256,9 @@ def test_cached_generation_with_cross_attention_gives_the_full_forward_logits():
     plan = plan_generation(model, prompt, 12)
     plan.end = None  # run to the length, so the whole sequence is there to compare with
     with torch.no_grad():
-        decoder = ConditionedDecoder(model, cond, 2.0)
+        decoder = guided(model, ["ahoj", "hele"], ["font_small", "font_white"], 2.0)
         steps = list(iter_decode(decoder, plan, lambda logits: logits.argmax(-1)))
-        assert len(projections) == model.cfg.n_layers
+        assert len(projections) == model.config.n_layers
         full = decoder(model_inputs(model, model.pattern.revert(plan.seq)))
     for step in steps:
         torch.testing.assert_close(step.logits, full[:, :, step.step], atol=1e-4, rtol=1e-4)
@@ -279,12 +289,12 @@ def test_the_end_token_is_a_scored_target_of_codebook_0_only():
     plain_nll, plain_valid = model.token_nll(codes)
     assert valid.sum() == plain_valid.sum() + 1 and valid[0, 0, 5] and not valid[1, 0, 5]
     assert nll[0, 0, 5] > 0 and nll[1, 0, 5] == 0
-    assert model.cfg.end_id == 16 and model(model_inputs(model, codes)).shape[-1] == 17
+    assert model.config.end_id == 16 and model(model_inputs(model, codes)).shape[-1] == 17
 
 
 def rigged(model, end_logit):
     """Add `end_logit(rows)` to codebook 0's end-of-audio logit (a forward hook on the model)."""
-    end = model.cfg.end_id
+    end = model.config.end_id
 
     def hook(module, args, out):
         out = out.clone()
@@ -297,8 +307,8 @@ def test_generation_stops_at_the_end_token_row_by_row_and_max_length_still_appli
     model = cond_model()
     prompt = torch.randint(0, 16, (2, 3, 4))
     handle = rigged(model, lambda b: torch.tensor([1e4, -1e4] * (b // 2), dtype=torch.float64)[:, None])
-    codes, lengths = generate(model, prompt, 10, text=["a", "b"], speaker="font_big", cfg_scale=1.0, seed=0,
-                              return_lengths=True)
+    codes, lengths = generate(model, prompt, 10, sampling=SamplingOptions(seed=0, cfg_scale=1.0),
+                              condition=Condition(text=["a", "b"], speaker="font_big"), return_lengths=True)
     handle.remove()
     assert lengths.tolist() == [4, 14]  # row 0 ended right after its prompt, row 1 ran to the maximum
     assert codes.shape == (2, 3, 14) and (codes[0, :, 4:] == 0).all() and torch.equal(codes[:, :, :4], prompt)
@@ -308,14 +318,14 @@ def test_generation_stops_at_the_end_token_row_by_row_and_max_length_still_appli
                                                                          torch.full_like(out[..., :1], 1e4)))
     plan = plan_generation(model, prompt, 6)
     with torch.no_grad():
-        steps = list(iter_decode(ConditionedDecoder(model, inputs_of(model, ["a", "b"], [None, None])), plan,
+        steps = list(iter_decode(guided(model, ["a", "b"], [None, None]), plan,
                                  lambda logits: logits.argmax(-1)))
     handle.remove()
     assert all((s.tokens[:, 1:] != 16).all() for s in steps)
     assert plan.end.ends.tolist() == [4, 4]  # codebook 0 ended at once
     # delay pattern: after the end at frame 4 (step 4) codebooks 1, 2 finish frames 3 (step 5), then stop
     assert steps[-1].step == 5 and (plan.seq[:, 0, 4] == 16).all() and (plan.seq[:, :, 5] != 16).all()
-    assert (plan.seq[:, 0, 5] == model.cfg.pad_id).all() and (plan.seq[:, 1, 5] == model.cfg.pad_id).all()
+    assert (plan.seq[:, 0, 5] == model.config.pad_id).all() and (plan.seq[:, 1, 5] == model.config.pad_id).all()
 
 
 def test_a_tiny_conditioned_lm_learns_what_each_speaker_says_and_when_to_stop():
@@ -330,8 +340,8 @@ def test_a_tiny_conditioned_lm_learns_what_each_speaker_says_and_when_to_stop():
         opt.zero_grad()
         model.loss(codes, None, cond, torch.tensor([True, True])).loss.backward()
         opt.step()
-    out, lengths = generate(model, None, 12, speaker=["font_small", "font_big"], cfg_scale=1.0, greedy=True,
-                            return_lengths=True)
+    out, lengths = generate(model, None, 12, sampling=SamplingOptions(greedy=True, cfg_scale=1.0),
+                            condition=Condition(speaker=["font_small", "font_big"]), return_lengths=True)
     assert lengths.tolist() == [5, 5] and torch.equal(out, codes)
 
 
@@ -339,15 +349,16 @@ def test_a_tiny_conditioned_lm_learns_what_each_speaker_says_and_when_to_stop():
 def test_unknown_speakers_long_texts_and_conditions_for_unconditioned_lms_are_refused():
     model = cond_model()
     with pytest.raises(ValueError, match="unknown speaker 'nemo'; this LM knows: font_small, font_big, font_white"):
-        generate(model, None, 3, text="a", speaker="nemo")
+        generate(model, None, 3, condition=Condition(text="a", speaker="nemo"))
     with pytest.raises(ValueError, match="25 UTF-8 bytes is over this LM's limit of text_max_bytes=24"):
-        generate(model, None, 3, text="ř" * 12 + "a")
+        generate(model, None, 3, condition=Condition(text="ř" * 12 + "a"))
     with pytest.raises(ValueError, match="3 texts for a batch of 2"):
-        generate(model, torch.zeros(2, 3, 1, dtype=torch.long), 3, text=["a", "b", "c"])
+        generate(model, torch.zeros(2, 3, 1, dtype=torch.long), 3, condition=Condition(text=["a", "b", "c"]))
     with pytest.raises(ValueError, match="guidance scale"):
-        generate(model, None, 3, text="a", cfg_scale=-1.0)
+        generate(model, None, 3, sampling=SamplingOptions(cfg_scale=-1.0), condition=Condition(text="a"))
     plain = MultiCodebookLM(LMConfig(n_codebooks=3, codebook_size=16, d_model=32, n_layers=1, n_heads=4))
-    for kwargs in ({"text": "a"}, {"speaker": "font_small"}, {"cfg_scale": 3.0}):
+    for kwargs in ({"condition": Condition(text="a")}, {"condition": Condition(speaker="font_small")},
+                   {"sampling": SamplingOptions(cfg_scale=3.0)}):
         with pytest.raises(ValueError, match="this LM is not conditioned"):
             generate(plain, None, 3, **kwargs)
     with pytest.raises(ValueError, match="takes no memory"):
@@ -368,7 +379,7 @@ def test_a_conditioned_lm_saves_and_loads_with_its_speaker_table(tmp_path):
     assert saved["speakers"] == SPEAKERS and saved["text_max_bytes"] == 24
     loaded = MultiCodebookLM.from_pretrained(tmp_path / "lm").eval()
     cond = inputs_of(model, ["ahoj"], ["font_white"])
-    tokens = torch.randint(0, model.cfg.embedding_rows, (1, 3, 6))
+    tokens = torch.randint(0, model.config.embedding_rows, (1, 3, 6))
     torch.testing.assert_close(loaded(tokens, memory=loaded.encode_condition(cond)),
                                model(tokens, memory=model.encode_condition(cond)), atol=0, rtol=0)
 
@@ -391,7 +402,7 @@ def test_the_shipped_lm_loads_and_gives_the_logits_and_generation_it_gave_before
     shipped = REPO / "models" / "lm-speech-16k"
     lm = MultiCodebookLM.from_pretrained(shipped).eval()
     on_disk = json.loads((shipped / "config.json").read_text())["config"]
-    assert lm.cfg.to_dict() == on_disk and lm.condition_encoder is None
+    assert lm.config.to_dict() == on_disk and lm.condition_encoder is None
     codes = (torch.arange(8 * 40).view(1, 8, 40) * 37 + 11) % 1024
     with torch.no_grad():
         logits = lm(model_inputs(lm, codes))
@@ -402,7 +413,7 @@ def test_the_shipped_lm_loads_and_gives_the_logits_and_generation_it_gave_before
                             (3, 20, 500): -0.5639072060585022, (7, 46, 1023): -0.12557074427604675,
                             (5, 30, 7): 0.07127457112073898}.items():
         assert float(logits[0, c, s, v]) == pytest.approx(want, abs=2e-5)
-    out = generate(lm, codes[..., :10], 12, greedy=True)
+    out = generate(lm, codes[..., :10], 12, sampling=SamplingOptions(greedy=True))
     assert out[0, :, 10:].tolist() == [
         [502, 931, 502, 502, 604, 604, 604, 604, 604, 392, 392, 392], [1022, 381, 381, 453, 453, 453] + [840] * 6,
         [592, 950] + [256] * 10, [996, 996, 996, 996, 536, 536, 536, 536, 536, 536, 614, 726],
@@ -521,7 +532,7 @@ def test_a_killed_conditioned_run_resumes_exactly(cond_tokens, tmp_path):
     assert all(resumed[s] == full[s] for s in full), [(s, resumed[s], full[s]) for s in full]
     a = MultiCodebookLM.from_pretrained(tmp_path / "full" / "pretrained")
     b = MultiCodebookLM.from_pretrained(tmp_path / "cut" / "pretrained")
-    assert a.cfg.condition.speakers == sorted(SPEAKERS) and a.cfg.end_id == 16
+    assert a.config.condition.speakers == sorted(SPEAKERS) and a.config.end_id == 16
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     # new metadata under the same tokens: the stream would not be the one the checkpoint was in
     changed = tmp_path / "tok_changed"

@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from lm import LMConfig, MultiCodebookLM
+from lm.generate import generate
 from lm.int8 import is_int8, to_int8
+from lm.sampling import SamplingOptions
 from lm.training import LMTrainingModule
 from rvqlm_core.int8_linear import Int8Linear, _full_range_activations, fbgemm_available
 from rvqlm_core.weight_dtype import INT8_SCALE_SUFFIX, dequantize_rows, quantize_rows
@@ -98,7 +100,8 @@ def test_int8_lm_gives_the_float_lms_greedy_tokens_and_close_logits():
     spread = ref.std() * (1 if not fbgemm_available() or _full_range_activations() else 2)
     assert diff.mean() <= 0.03 * spread and diff.max() <= 0.2 * spread, (diff.mean() / spread, diff.max() / spread)
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
-    cached = int8.generate(prompt[..., :20], 6, greedy=True)  # the cache path runs the same int8 layers
+    cached = generate(int8, prompt[..., :20], 6,
+                      sampling=SamplingOptions(greedy=True))  # the cache path runs the same int8 layers
     assert cached.shape == (2, 3, 26) and torch.equal(cached[..., :20], prompt[..., :20])
 
 
@@ -140,7 +143,7 @@ def test_an_int8_lm_refuses_training(tmp_path):
     with pytest.raises(RuntimeError, match="int8 weights for inference only"):
         model.train()
     with pytest.raises(ValueError, match=r"init_from .*int8 weights for inference only") as info:
-        LMTrainingModule(random_lm().cfg, init_from=str(tmp_path / "int8"), measure_peak=False)
+        LMTrainingModule(random_lm().config, init_from=str(tmp_path / "int8"), measure_peak=False)
     assert "\n" not in str(info.value)
 
 
@@ -168,6 +171,6 @@ def test_a_folder_whose_weight_dtype_does_not_match_its_tensors_is_refused(tmp_p
     from rvqlm_core.persistence import cpu_state, save_folder
 
     model = random_lm()
-    save_folder(tmp_path / "bad", LM_FORMAT, {"config": model.cfg.to_dict(), "weight_dtype": "int8"}, cpu_state(model))
+    save_folder(tmp_path / "bad", LM_FORMAT, {"config": model.config.to_dict(), "weight_dtype": "int8"}, cpu_state(model))
     with pytest.raises(ValueError, match="weight_dtype 'int8' does not describe its weights"):
         MultiCodebookLM.from_pretrained(tmp_path / "bad")

@@ -143,7 +143,7 @@ def sink_window_reference(model: MultiCodebookLM, tokens: torch.Tensor, window: 
     """An independent, slow reimplementation of the sink ring's attention for any depth: at every layer the
     query at position p attends to the positions max(1, p-window+2)..p at their own RoPE positions and to
     position 0's key rotated to max(0, p-window+1). tokens [B, N_c, S] -> logits [B, N_c, S, |V|]."""
-    cfg = model.cfg
+    cfg = model.config
     s = tokens.shape[-1]
     positions = torch.arange(s)
     cos, sin = model.rope.cos_sin(positions, torch.float32)

@@ -24,8 +24,8 @@ def tiny(**overrides) -> LMConfig:
 
 def model_inputs(model: MultiCodebookLM, codes: torch.Tensor, frame_mask=None):
     """The inputs [bos, seq[:-1]] and targets seq of seed 000's next-token objective, plus validity."""
-    seq, valid = model.pattern.build(codes, frame_mask, model.cfg.pad_id)
-    inputs = torch.cat([torch.full_like(seq[..., :1], model.cfg.bos_id), seq[..., :-1]], dim=-1)
+    seq, valid = model.pattern.build(codes, frame_mask, model.config.pad_id)
+    inputs = torch.cat([torch.full_like(seq[..., :1], model.config.bos_id), seq[..., :-1]], dim=-1)
     return inputs, seq, valid
 
 
@@ -263,7 +263,7 @@ def chain_rule_probability(model: MultiCodebookLM, codes, frame_mask) -> torch.T
     for b in range(codes.shape[0]):
         for s in range(seq.shape[-1]):
             p = torch.softmax(model(inputs[b:b + 1, :, :s + 1])[0, :, s], dim=-1)  # [N_c, |V|]
-            for c in range(model.cfg.n_codebooks):
+            for c in range(model.config.n_codebooks):
                 if valid[b, c, s]:
                     probs[b] *= p[c, seq[b, c, s]]
     return probs
@@ -416,7 +416,7 @@ def test_save_and_load_round_trip_gives_equal_outputs(tmp_path, overrides):
     folder = model.save_pretrained(tmp_path / "lm")
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
     loaded = MultiCodebookLM.from_pretrained(folder).eval()
-    assert loaded.cfg == cfg
+    assert loaded.config == cfg
     codes = torch.randint(0, cfg.codebook_size, (2, cfg.n_codebooks, 8))
     torch.testing.assert_close(loaded.log_likelihood(codes), model.log_likelihood(codes), rtol=0, atol=0)
 
@@ -433,7 +433,7 @@ def test_half_precision_save_loads_back_as_float32(tmp_path):
     assert (half / "model.safetensors").stat().st_size < 0.55 * (full / "model.safetensors").stat().st_size
     loaded = MultiCodebookLM.from_pretrained(half).eval()
     assert {p.dtype for p in loaded.parameters()} == {torch.float32}
-    codes = torch.randint(0, loaded.cfg.codebook_size, (2, loaded.cfg.n_codebooks, 8))
+    codes = torch.randint(0, loaded.config.codebook_size, (2, loaded.config.n_codebooks, 8))
     exact, rounded = model.log_likelihood(codes), loaded.log_likelihood(codes)
     assert not torch.equal(exact, rounded)
     torch.testing.assert_close(rounded, exact, rtol=0, atol=2e-2)
@@ -448,7 +448,7 @@ def test_export_lm_writes_half_precision_and_keeps_other_files(tmp_path, capsys)
     model = MultiCodebookLM(tiny()).eval()
     src = model.save_pretrained(tmp_path / "src")
     assert main(["export-lm", str(src), str(tmp_path / "out"), "--dtype", "float16"]) == 0
-    assert MultiCodebookLM.from_pretrained(tmp_path / "out").cfg == model.cfg
+    assert MultiCodebookLM.from_pretrained(tmp_path / "out").config == model.config
     (tmp_path / "out" / "MODEL_CARD.md").write_text("card")
     assert main(["export-lm", str(src), str(tmp_path / "out")]) == 2
     assert "MODEL_CARD.md" in capsys.readouterr().err
@@ -462,12 +462,12 @@ def test_save_pretrained_replaces_a_saved_lm_but_never_a_model_card(tmp_path):
     model = MultiCodebookLM(tiny()).eval()
     assert model.save_pretrained(folder) == folder
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lm"]  # no temporary folder left over
-    assert MultiCodebookLM.from_pretrained(folder).cfg == model.cfg
+    assert MultiCodebookLM.from_pretrained(folder).config == model.config
     (folder / "MODEL_CARD.md").write_text("card")
     with pytest.raises(FileExistsError, match=r"MODEL_CARD\.md"):
         MultiCodebookLM(tiny(d_model=64)).save_pretrained(folder)
     assert (folder / "MODEL_CARD.md").read_text() == "card"
-    assert MultiCodebookLM.from_pretrained(folder).cfg == model.cfg
+    assert MultiCodebookLM.from_pretrained(folder).config == model.config
 
 
 def test_from_pretrained_refuses_bad_folders_clearly(tmp_path):

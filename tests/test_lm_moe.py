@@ -11,8 +11,11 @@ import pytest
 import torch
 
 from lm import LMConfig, MultiCodebookLM
+from lm.ar_decode import ARDecoding
+from lm.generate import generate
 from lm.layers import SwiGLU
 from lm.moe import MoEFeedForward, balance_loss, moe_aux_loss
+from lm.sampling import SamplingOptions
 
 
 def moe_cfg(**overrides) -> LMConfig:
@@ -109,8 +112,8 @@ def test_cached_generation_of_a_moe_lm_equals_full_recompute():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.3)
     prompt = torch.randint(0, 16, (2, 2, 5), generator=torch.Generator().manual_seed(5))
-    cached = model.generate(prompt, 8, greedy=True)
-    full = model.generate(prompt, 8, greedy=True, use_cache=False)
+    cached = generate(model, prompt, 8, sampling=SamplingOptions(greedy=True))
+    full = generate(model, prompt, 8, sampling=SamplingOptions(greedy=True), options=ARDecoding(use_cache=False))
     assert torch.equal(cached, full)
     assert moe_aux_loss(model) is not None and moe_aux_loss(MultiCodebookLM(moe_cfg(n_experts=0))) is None
 
@@ -177,7 +180,7 @@ def test_a_killed_moe_run_resumes_exactly_and_ddp_ranks_agree(tokens, tmp_path):
     full, resumed = read_losses(full_log), read_losses(cut_log)
     assert sorted(full) == sorted(resumed) == list(range(1, 9))
     assert all(resumed[s] == full[s] for s in full), (full, resumed)  # bit-exact, aux loss included
-    assert MultiCodebookLM.from_pretrained(tmp_path / "full" / "pretrained").cfg.n_experts == 4
+    assert MultiCodebookLM.from_pretrained(tmp_path / "full" / "pretrained").config.n_experts == 4
 
     out = tmp_path / "ranks"
     out.mkdir()

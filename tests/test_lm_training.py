@@ -228,8 +228,8 @@ def test_killed_run_resumes_exactly_and_the_tiny_recipe_learns(tokens, full_run,
 
     # Export: a save_pretrained folder carrying the tokens' codec fingerprint, equal to the final weights.
     model = MultiCodebookLM.from_pretrained(full_dir / "pretrained")
-    assert model.cfg.codec_fingerprint == FINGERPRINT
-    assert (model.cfg.n_codebooks, model.cfg.codebook_size) == (3, 16)
+    assert model.config.codec_fingerprint == FINGERPRINT
+    assert (model.config.n_codebooks, model.config.codebook_size) == (3, 16)
     resumed_model = MultiCodebookLM.from_pretrained(cut_dir / "pretrained")
     for (name, a), b in zip(model.state_dict().items(), resumed_model.state_dict().values()):
         assert torch.equal(a, b), name
@@ -304,7 +304,7 @@ def test_window_longer_than_the_context_is_refused(tokens, tmp_path):
 def test_training_module_takes_the_layout_from_its_arguments():
     module = LMTrainingModule(LMConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=32), n_codebooks=2,
                               codebook_size=10, codec_fingerprint="ef" * 32)
-    cfg = module.model.cfg
+    cfg = module.model.config
     assert (cfg.n_codebooks, cfg.codebook_size, cfg.codec_fingerprint) == (2, 10, "ef" * 32)
     assert module.hparams["config"]["codebook_size"] == 10
 

@@ -27,8 +27,8 @@ def plain_cfg(**overrides) -> LMConfig:
 
 def inputs(model, codes):
     """[bos, pattern sequence shifted right] in the model's own ids (pad and bos differ between the two)."""
-    seq, _ = model.pattern.build(codes, None, model.cfg.pad_id)
-    return torch.cat([torch.full_like(seq[..., :1], model.cfg.bos_id), seq[..., :-1]], dim=-1)
+    seq, _ = model.pattern.build(codes, None, model.config.pad_id)
+    return torch.cat([torch.full_like(seq[..., :1], model.config.bos_id), seq[..., :-1]], dim=-1)
 
 
 @pytest.mark.parametrize("tie", [False, True])
@@ -42,12 +42,12 @@ def test_a_conditioned_lm_starts_as_the_unconditioned_one_whatever_the_condition
     for name, tensor in old.state_dict().items():  # every shared tensor copied (the two resized ones below)
         if name not in ("token_embedding.weight", "head_weight"):
             assert torch.equal(new.state_dict()[name], tensor), name
-    v = old.cfg.codebook_size
+    v = old.config.codebook_size
     old_tables = old.token_embedding.weight.view(3, v + 2, -1)
     new_tables = new.token_embedding.weight.view(3, v + 3, -1)
     assert torch.equal(new_tables[:, :v], old_tables[:, :v])
-    assert torch.equal(new_tables[:, new.cfg.pad_id], old_tables[:, old.cfg.pad_id])
-    assert torch.equal(new_tables[:, new.cfg.bos_id], old_tables[:, old.cfg.bos_id])
+    assert torch.equal(new_tables[:, new.config.pad_id], old_tables[:, old.config.pad_id])
+    assert torch.equal(new_tables[:, new.config.bos_id], old_tables[:, old.config.bos_id])
     codes = torch.randint(0, v, (2, 3, 9))
     want = old(inputs(old, codes))
     for text, speaker in ((["ahoj", "loď"], ["font_small", "font_big"]), ([None, None], [None, None])):
@@ -94,7 +94,7 @@ def test_other_pairs_are_refused_with_every_difference_named(tmp_path):
         warm_start(MultiCodebookLM(plain_cfg()), conditioned, "src")  # conditioned -> unconditioned
     with pytest.raises(ValueError, match=r"condition .*d_model \(16 vs 32\)"):
         warm_start(MultiCodebookLM(plain_cfg(d_model=32, condition=CONDITION)), plain, "src")
-    other_speakers = dataclasses.replace(conditioned.cfg.condition, speakers=["x"])
+    other_speakers = dataclasses.replace(conditioned.config.condition, speakers=["x"])
     with pytest.raises(ValueError, match="condition"):  # conditioned -> conditioned with another table
         warm_start(MultiCodebookLM(plain_cfg(condition=other_speakers)), conditioned, "src")
     plain.save_pretrained(tmp_path / "src")

@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from benchmarks import masked_vs_ar as bench
+from lm.generate import generate
+from lm.masked_generate import MaskedDecoding
+from lm.sampling import SamplingOptions
 
 
 @pytest.fixture(scope="module")
@@ -40,19 +43,20 @@ def setup(tmp_path_factory):
 
 
 def test_call_counts_are_what_the_decoders_make(setup):
-    from lm.masked_generate import generate_masked, model_calls
+    from lm.masked_generate import model_calls
 
     _, ar, masked = setup
     calls = []
     ar_forward = ar.forward
     ar.forward = lambda *a, **k: calls.append(1) or ar_forward(*a, **k)
     try:
-        ar.generate(torch.zeros(1, 2, 5, dtype=torch.long), 30, greedy=True)
+        generate(ar, torch.zeros(1, 2, 5, dtype=torch.long), 30, sampling=SamplingOptions(greedy=True))
     finally:
         del ar.forward
     assert len(calls) == bench.ar_calls(ar, 5, 30) == 30 + 1  # one per frame, and the delay pattern's tail
     steps = []
-    generate_masked(masked, torch.zeros(1, 2, 5, dtype=torch.long), 30, steps=[3, 2], window=24, on_step=steps.append)
+    generate(masked, torch.zeros(1, 2, 5, dtype=torch.long), 30,
+             options=MaskedDecoding(steps=[3, 2], window=24, on_step=steps.append))
     assert len(steps) == model_calls(5, 30, 24, [3, 2]) == 2 * 5  # two 24-frame chunks x (3 + 2) steps
 
 

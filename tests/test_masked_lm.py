@@ -9,8 +9,12 @@ import pytest
 import torch
 
 from lm import LMConfig, MaskedLM, MultiCodebookLM, load_lm
-from lm.masked_generate import default_window, generate_masked, model_calls, steps_per_level, unmask_schedule
+from lm.ar_decode import ARDecoding
+from lm.conditioning import Condition
+from lm.generate import generate
+from lm.masked_generate import MaskedDecoding, default_window, model_calls, steps_per_level, unmask_schedule
 from lm.masked_model import draw_masking
+from lm.sampling import SamplingOptions
 
 NC, V = 3, 16
 
@@ -95,9 +99,13 @@ def test_padding_changes_neither_the_sum_nor_the_count():
     assert torch.allclose(alone, padded[:, :, :8], atol=1e-5)
 
 
-def test_a_masked_lm_has_no_sequence_likelihood():
-    with pytest.raises(ValueError, match="seed 000"):
-        tiny_masked().log_likelihood(codes_of())
+def test_a_masked_lm_has_no_sequence_likelihood_nor_cache_and_refuses_ar_options():
+    """seed 000: its losses are no chain rule's factors; it attends to every frame at once. Those are the AR
+    family's capabilities, which the masked family does not have (rather than has and refuses)."""
+    model = tiny_masked()
+    assert not any(hasattr(model, name) for name in ("log_likelihood", "token_nll", "new_cache"))
+    with pytest.raises(TypeError, match="takes MaskedDecoding options"):
+        generate(model, codes_of(), 2, options=ARDecoding(use_cache=False))
 
 
 # ---- bidirectional (seed 000: an encoder uses self-attention without a causal mask) -----------------------
@@ -148,7 +156,8 @@ def test_decoding_follows_the_schedule_fills_every_code_and_keeps_the_prompt(new
     model = tiny_masked()
     prompt = codes_of(b=2, t=5)
     steps = []
-    out = generate_masked(model, prompt, new, steps=[4, 2], seed=0, top_k=8, window=24, on_step=steps.append)
+    out = generate(model, prompt, new, sampling=SamplingOptions(top_k=8, seed=0),
+                   options=MaskedDecoding(steps=[4, 2], window=24, on_step=steps.append))
     assert out.shape == (2, NC, 5 + new)
     assert torch.equal(out[..., :5], prompt)
     assert ((out >= 0) & (out < V)).all()
@@ -169,15 +178,17 @@ def test_a_stretched_window_decodes_a_long_clip_in_one_chunk_as_a_longer_context
     model = tiny_masked()
     prompt = codes_of(b=2, t=5)
     steps = []
-    out = generate_masked(model, prompt, 40, steps=[3, 2], greedy=True, window=45, on_step=steps.append)
+    out = generate(model, prompt, 40, sampling=SamplingOptions(greedy=True),
+                   options=MaskedDecoding(steps=[3, 2], window=45, on_step=steps.append))
     assert len(steps) == 3 + 2 + 1 and {s.chunk for s in steps} == {0}
-    wide = MaskedLM(dataclasses.replace(model.cfg, max_seq_len=45)).eval()
+    wide = MaskedLM(dataclasses.replace(model.config, max_seq_len=45)).eval()
     wide.load_state_dict(model.state_dict())
-    assert torch.equal(out, generate_masked(wide, prompt, 40, steps=[3, 2], greedy=True))
+    assert torch.equal(out, generate(wide, prompt, 40, sampling=SamplingOptions(greedy=True),
+                                     options=MaskedDecoding(steps=[3, 2])))
     assert torch.equal(out[..., :5], prompt)
     learned = tiny_masked(pos="learned")
     with pytest.raises(ValueError, match="only a RoPE model"):
-        generate_masked(learned, prompt, 40, window=45)
+        generate(learned, prompt, 40, options=MaskedDecoding(window=45))
     with pytest.raises(ValueError, match="exceed the masked LM's context"):
         model(codes_of(b=1, t=30))
 
@@ -187,20 +198,22 @@ def test_by_default_a_rope_model_decodes_a_clip_of_up_to_2_1_contexts_in_one_pas
     prompt = codes_of(b=1, t=5)
     for m, new, window in ((model, 45, 50), (model, 46, 24), (learned, 45, 24), (model, 10, 24)):
         steps = []
-        out = generate_masked(m, prompt, new, steps=[2, 1], seed=3, on_step=steps.append)
-        assert default_window(m.cfg, 5 + new) == window
+        out = generate(m, prompt, new, sampling=SamplingOptions(seed=3),
+                       options=MaskedDecoding(steps=[2, 1], on_step=steps.append))
+        assert default_window(m.config, 5 + new) == window
         assert len(steps) == model_calls(5, new, window, [2, 1, 1])
-        assert torch.equal(out, generate_masked(m, prompt, new, steps=[2, 1], seed=3, window=window))
+        assert torch.equal(out, generate(m, prompt, new, sampling=SamplingOptions(seed=3),
+                                         options=MaskedDecoding(steps=[2, 1], window=window)))
 
 
 def test_same_seed_same_codes_and_batch_rows_are_independent():
     model = tiny_masked()
     prompt = codes_of(b=3, t=4)
-    a = generate_masked(model, prompt, 10, seed=5, temperature=1.3)
-    assert torch.equal(a, generate_masked(model, prompt, 10, seed=5, temperature=1.3))
-    assert not torch.equal(a, generate_masked(model, prompt, 10, seed=6, temperature=1.3))
-    together = generate_masked(model, prompt, 10, greedy=True)
-    alone = torch.cat([generate_masked(model, prompt[i:i + 1], 10, greedy=True) for i in range(3)])
+    a = generate(model, prompt, 10, sampling=SamplingOptions(temperature=1.3, seed=5))
+    assert torch.equal(a, generate(model, prompt, 10, sampling=SamplingOptions(temperature=1.3, seed=5)))
+    assert not torch.equal(a, generate(model, prompt, 10, sampling=SamplingOptions(temperature=1.3, seed=6)))
+    together = generate(model, prompt, 10, sampling=SamplingOptions(greedy=True))
+    alone = torch.cat([generate(model, prompt[i:i + 1], 10, sampling=SamplingOptions(greedy=True)) for i in range(3)])
     assert torch.equal(together, alone)
 
 
@@ -227,10 +240,12 @@ def test_choice_temperature_0_is_plain_confidence_ranking_and_a_last_step_draws_
     prompt = codes_of(b=2, t=5)
     with torch.inference_mode():
         ref = plain_maskgit(model, prompt, 12, [4, 2, 1], gen(7), top_k=8)
-    assert torch.equal(generate_masked(model, prompt, 12, steps=[4, 2], generator=gen(7), top_k=8,
-                                       choice_temperature=0), ref)
-    one_step = generate_masked(model, prompt, 12, steps=[1, 1, 1], seed=2, choice_temperature=0)
-    assert torch.equal(generate_masked(model, prompt, 12, steps=[1, 1, 1], seed=2, choice_temperature=50.0),
+    assert torch.equal(generate(model, prompt, 12, sampling=SamplingOptions(top_k=8),
+                                options=MaskedDecoding(steps=[4, 2], choice_temperature=0), generator=gen(7)), ref)
+    one_step = generate(model, prompt, 12, sampling=SamplingOptions(seed=2),
+                        options=MaskedDecoding(steps=[1, 1, 1], choice_temperature=0))
+    assert torch.equal(generate(model, prompt, 12, sampling=SamplingOptions(seed=2),
+                                options=MaskedDecoding(steps=[1, 1, 1], choice_temperature=50.0)),
                        one_step)  # annealed: tau (1 - 1/1) = 0 at a level's only step
 
 
@@ -238,38 +253,42 @@ def test_choice_temperature_keeps_the_schedule_and_the_prompt_is_seeded_and_reor
     model = tiny_masked()
     prompt = codes_of(b=2, t=5)
     noisy, plain = [], []
-    out = generate_masked(model, prompt, 15, steps=[5, 3], seed=4, choice_temperature=4.5, on_step=noisy.append)
-    generate_masked(model, prompt, 15, steps=[5, 3], seed=4, choice_temperature=0, on_step=plain.append)
+    out = generate(model, prompt, 15, sampling=SamplingOptions(seed=4),
+                   options=MaskedDecoding(steps=[5, 3], choice_temperature=4.5, on_step=noisy.append))
+    generate(model, prompt, 15, sampling=SamplingOptions(seed=4),
+             options=MaskedDecoding(steps=[5, 3], choice_temperature=0, on_step=plain.append))
     assert [s.fixed for s in noisy] == [s.fixed for s in plain] == (unmask_schedule(15, 5) + unmask_schedule(15, 3)
                                                                    + [15])
     assert all(int(s.hidden.sum(1).max()) == int(s.hidden.sum(1).min()) for s in noisy)
     assert not noisy[-1].hidden.any() and torch.equal(out[..., :5], prompt)
     assert ((out >= 0) & (out < V)).all()
-    assert torch.equal(out, generate_masked(model, prompt, 15, steps=[5, 3], seed=4, choice_temperature=4.5))
+    assert torch.equal(out, generate(model, prompt, 15, sampling=SamplingOptions(seed=4),
+                                     options=MaskedDecoding(steps=[5, 3], choice_temperature=4.5)))
     assert not torch.equal(noisy[0].hidden, plain[0].hidden)  # same samples, other positions kept first
     for bad in (-0.5, math.nan, math.inf, True):
         with pytest.raises(ValueError, match="choice temperature must be a finite number >= 0"):
-            generate_masked(model, prompt, 4, choice_temperature=bad)
+            generate(model, prompt, 4, options=MaskedDecoding(choice_temperature=bad))
 
 
 def test_a_conditioned_masked_lm_decodes_with_guidance_and_has_no_end_id():
     from lm.config import ConditionConfig
 
     model = tiny_masked(condition=ConditionConfig(speakers=["a", "b"], text_max_bytes=16, encoder_layers=1))
-    assert model.cfg.end_id is None and model.cfg.n_outputs == V
-    out = generate_masked(model, codes_of(b=2, t=3), 6, text="ahoj", speaker="b", cfg_scale=2.0, seed=0)
+    assert model.config.end_id is None and model.config.n_outputs == V
+    out = generate(model, codes_of(b=2, t=3), 6, sampling=SamplingOptions(seed=0, cfg_scale=2.0),
+                   condition=Condition(text="ahoj", speaker="b"))
     assert out.shape == (2, NC, 9)
     loss = model.train().loss(codes_of(b=2, t=8), condition=model.condition_inputs("ahoj", "a", 2))
     assert math.isfinite(float(loss.loss.detach()))
     with pytest.raises(ValueError, match="not conditioned"):
-        generate_masked(tiny_masked(), codes_of(), 4, text="x")
+        generate(tiny_masked(), codes_of(), 4, condition=Condition(text="x"))
 
 
 def test_saved_masked_lm_loads_by_family_and_the_ar_class_refuses_it(tmp_path):
     model = tiny_masked()
     model.save_pretrained(tmp_path / "m")
     loaded = load_lm(tmp_path / "m")
-    assert isinstance(loaded, MaskedLM) and loaded.cfg == model.cfg
+    assert isinstance(loaded, MaskedLM) and loaded.config == model.config
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
     with pytest.raises(ValueError, match="'masked' LM family"):
         MultiCodebookLM.from_pretrained(tmp_path / "m")

@@ -15,7 +15,8 @@ import torch
 
 from lm import LMConfig, MaskedLM, MultiCodebookLM, load_lm
 from lm.data import TokenFiles, ValidWindows
-from lm.masked_training import MaskedLMTrainingModule, masked_nll, masked_train_main
+from lm.masked_training import MaskedLMTrainingModule, masked_nll
+from lm.training import train_main
 from rvqlm.cli import main as rvqlm_main
 from test_lm_data import FINGERPRINT, make_token_corpus
 from test_lm_training import KillAtStep, RecordLosses, SaveRankWeights, callback_arg, read_losses
@@ -49,7 +50,7 @@ def tiny_args(tokens: Path, run_dir: Path, *extra: str) -> list[str]:
 def full_run(tokens, tmp_path_factory) -> tuple[Path, dict[int, float]]:
     root = tmp_path_factory.mktemp("masked_full_run")
     log = root / "losses.jsonl"
-    masked_train_main(tiny_args(tokens, root / "run", *RESUME_ARGS, callback_arg(RecordLosses, path=str(log))))
+    train_main(tiny_args(tokens, root / "run", *RESUME_ARGS, callback_arg(RecordLosses, path=str(log))))
     return root / "run", read_losses(log)
 
 
@@ -61,7 +62,7 @@ def test_killed_masked_run_resumes_exactly_and_the_tiny_recipe_learns(tokens, fu
                                               callback_arg(KillAtStep, step=11)))
     assert killed.returncode == 137, killed.stderr[-3000:]
     assert torch.load(cut_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 9
-    masked_train_main(tiny_args(tokens, cut_dir, *RESUME_ARGS, callback_arg(RecordLosses, path=str(cut_log)),
+    train_main(tiny_args(tokens, cut_dir, *RESUME_ARGS, callback_arg(RecordLosses, path=str(cut_log)),
                                 "--ckpt_path", "last"))
     resumed = read_losses(cut_log)
     assert sorted(full) == sorted(resumed) == list(range(1, 15))
@@ -70,7 +71,7 @@ def test_killed_masked_run_resumes_exactly_and_the_tiny_recipe_learns(tokens, fu
     first, last = np.mean([full[s] for s in (1, 2, 3)]), np.mean([full[s] for s in (12, 13, 14)])
     assert last < first - 0.3, (first, last)  # ln 16 = 2.77 at the start
     model = load_lm(full_dir / "pretrained")
-    assert isinstance(model, MaskedLM) and model.cfg.codec_fingerprint == FINGERPRINT
+    assert isinstance(model, MaskedLM) and model.config.codec_fingerprint == FINGERPRINT
     again = load_lm(cut_dir / "pretrained")
     for (name, a), b in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), name
@@ -81,7 +82,7 @@ def _run_masked_subprocess(args: list[str], timeout: int = 120):
 
     env = subprocess_env()
     rvqlm = Path(sys.executable).with_name("rvqlm")
-    return subprocess.run([str(rvqlm), "train-masked-lm", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([str(rvqlm), "train-lm", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -147,7 +148,7 @@ def test_eval_lm_scores_a_masked_lm_per_level(full_run, tokens, tmp_path, capsys
     printed = capsys.readouterr().out
     assert "masked LM" in printed and f"{report['nll']:12.4f}" in printed
     assert rvqlm_main(["eval-lm", "--lm", str(full_run[0] / "pretrained"), "--tokens", str(tokens), "--unigram"]) == 2
-    assert "hidden positions only" in capsys.readouterr().err
+    assert "--unigram is not an option of the 'masked' LM family" in capsys.readouterr().err
 
 
 def test_init_from_an_ar_lm_copies_every_tensor_and_refuses_another_architecture(tmp_path):
@@ -216,7 +217,7 @@ def test_generate_cli_refuses_masked_options_for_an_ar_lm(codec_and_masked, tmp_
     rc = rvqlm_main(["generate", "--lm", str(root / "ar"), "--codec", str(root / "codec"), flag, value,
                      "--out", str(tmp_path / "o.wav"), "--no-progress"])
     err = capsys.readouterr().err
-    assert rc == 2 and f"{flag} is for a masked LM" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and f"{flag} is not an option of the 'ar' LM family" in err and len(err.strip().splitlines()) == 1
 
 
 def test_generate_cli_refuses_a_speaker_scale_for_a_masked_lm(codec_and_masked, tmp_path, capsys):

@@ -20,7 +20,7 @@ COMMANDS = {"codec": "train-codec", "lm": "train-lm"}
 USER_RECIPES = {"codec_tiny.yaml", "lm_tiny.yaml", "lm_demo.yaml", "codec_speech.yaml",  # + the shipped stages
                 "lm_speech_conditioned.yaml", "lm_text_bytes.yaml", "lm_masked_tiny.yaml", "lm_masked_speech.yaml"}
 TEXT_TOKENS_DIR = "data/tokens/fillets-cs-16k-text-bytes"  # what `rvqlm corpus text-tokens` writes by default
-COMMAND = re.compile(r"(?:rvqlm|\$RVQLM) (train-codec|train-lm|train-masked-lm)((?:\s+--config\s+\S+)+)")
+COMMAND = re.compile(r"(?:rvqlm|\$RVQLM) (train-codec|train-lm)((?:\s+--config\s+\S+)+)")
 
 
 def _recipes() -> list[Path]:
@@ -70,8 +70,7 @@ def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir)
     stacks = _stacks("\n".join(header))
     assert len(stacks) == 1, f"{recipe.name}: its header should show the one command that runs it"
     command, layers = stacks[0]
-    expected = "train-masked-lm" if recipe.name.startswith("lm_masked_") else COMMANDS.get(recipe.name.split("_")[0])
-    assert command == expected, f"{recipe.name}: codec_*.yaml, lm_*.yaml or lm_masked_*.yaml"
+    assert command == COMMANDS.get(recipe.name.split("_")[0]), f"{recipe.name}: codec_*.yaml or lm_*.yaml"
     assert layers[-1] == str(recipe.relative_to(REPO)), f"{recipe.name}: its header runs {layers[-1]}"
     config = _print_config(command, layers, capsys)
     if command == "train-codec":  # `model.codec` holds each part's settings as a dict: build them
@@ -83,7 +82,7 @@ def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir)
         assert data["tokens_dir"] == TEXT_TOKENS_DIR, "the token folder `rvqlm corpus text-tokens` writes"
     elif recipe.name.startswith("lm_speech_conditioned"):  # the folder lm_speech_conditioned.yaml's header tokenizes
         assert data["tokens_dir"] == shipped_tokens_dir.replace("fillets-cs-16k", "fillets-synth-cs-16k")
-    elif command in ("train-lm", "train-masked-lm"):
+    elif command == "train-lm":
         assert data["tokens_dir"] == shipped_tokens_dir, "the token folder `make demo` writes"
     elif data.get("train_dir") is None:
         prepared = {"data/fillets-cs-16k", "data/voices-16k"}  # what `rvqlm corpus prepare fillets|voices` writes

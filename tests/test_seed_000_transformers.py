@@ -32,7 +32,7 @@ def test_embedding_lookup_is_one_hot_row_times_W_E():
     up a token is the same as multiplying its one-hot row vector by W_E, and the lookups for an input
     of n tokens form an n x d matrix E"."""
     model = tiny_model()
-    cfg = model.cfg
+    cfg = model.config
     w_e = model.codebook_table(0)  # [|V| + 2, d]: |V| codes plus rvqlm's pad and bos rows
     assert w_e.shape == (cfg.codebook_size + 2, cfg.d_model)
     ids = torch.tensor([3, 0, 8, 6, 3])  # includes bos (|V| + 1 = 8)
@@ -74,7 +74,7 @@ def test_additive_encoding_is_H_equals_E_plus_P(pos):
     E = model.embed(ids)[0]
     table = model.pos_embedding.table
     P = table if pos == "sinusoidal" else table.weight
-    assert P.shape[0] == model.cfg.max_seq_len  # one row per position up to the maximum length
+    assert P.shape[0] == model.config.max_seq_len  # one row per position up to the maximum length
     torch.testing.assert_close(seen["H"][0], E + P[:5].to(E.dtype), rtol=0, atol=1e-12)
     # row i depends only on i: the same token at positions 1 and 2 gets E[1] = E[2] but different H rows
     assert torch.equal(E[1], E[2]) and not torch.allclose(seen["H"][0, 1], seen["H"][0, 2])
@@ -189,9 +189,9 @@ def test_residual_stream_is_the_running_sum_of_embeddings_and_sublayer_outputs()
     stream = {}
     keep_first_input(model.final_norm, stream, "top")
     model(ids)
-    n, d = 6, model.cfg.d_model
+    n, d = 6, model.config.d_model
     assert all(s == ((1, n, d), (1, n, d)) for s in shapes)  # every sublayer and block: n x d -> n x d
-    assert len(outputs) == 2 * model.cfg.n_layers
+    assert len(outputs) == 2 * model.config.n_layers
     H0 = model.embed(ids) + model.pos_embedding.table[:n].double()
     torch.testing.assert_close(stream["top"], H0 + sum(outputs), rtol=0, atol=1e-12)
 
@@ -258,7 +258,7 @@ def test_inputs_are_the_targets_shifted_by_one_after_the_beginning_symbol():
     seen = {}
     keep_first_input(model, seen, "inputs")
     result = model.loss(x)
-    bos = model.cfg.bos_id
+    bos = model.config.bos_id
     assert seen["inputs"].tolist() == [[[bos, 4, 0, 6, 6]]]
     log_p = torch.log_softmax(model(seen["inputs"])[0, 0].double(), dim=-1)  # [T, |V|]
     token_losses = [-float(log_p[t, x[0, 0, t]]) for t in range(5)]
@@ -291,7 +291,7 @@ def test_summed_loss_is_minus_log_of_the_chain_rule_probability():
     The conditionals are taken from separate forward passes over each prefix, and the probabilities of
     all |V|^T sequences must add up to 1."""
     model = tiny_model(codebook_size=3)
-    T, bos = 3, model.cfg.bos_id
+    T, bos = 3, model.config.bos_id
     seqs = torch.tensor(list(itertools.product(range(3), repeat=T))).view(-1, 1, T)  # all 27 sequences
     nll = model.log_likelihood(seqs).double()  # [27] summed loss per sequence
     for k in (5, 22):
@@ -330,7 +330,7 @@ def test_head_maps_each_final_normalized_row_to_vocabulary_logits():
     seen = {}
     keep_first_output(model.final_norm, seen, "rows")
     logits = model(ids)
-    assert logits.shape == (1, 1, 4, model.cfg.codebook_size)  # |V| logits: never pad or bos
+    assert logits.shape == (1, 1, 4, model.config.codebook_size)  # |V| logits: never pad or bos
     torch.testing.assert_close(logits[0, 0], seen["rows"][0] @ model.head_weights()[0].T, rtol=0, atol=1e-12)
     probs = torch.softmax(logits, dim=-1)
     torch.testing.assert_close(probs.sum(-1), torch.ones(1, 1, 4, dtype=torch.float64))

@@ -164,7 +164,7 @@ def test_weight_tying_uses_E_transpose_as_the_unembedding():
     its transpose E^T maps the final embedding back to scores over the vocabulary. Training makes E good
     at both mappings"; the head is "logits u = h^L_N E^T of shape [1 x |V|]"."""
     model = tiny_model(tie_weights=True)
-    V = model.cfg.codebook_size
+    V = model.config.codebook_size
     E = model.codebook_table(0)[:V]  # the |V| code rows (rvqlm's pad/bos rows are never predicted)
     assert model.head_weight is None
     assert model.head_weights()[0].data_ptr() == E.data_ptr()  # the same memory, not a copy
@@ -281,8 +281,8 @@ def test_cross_entropy_against_the_one_hot_next_token_is_minus_log_its_probabili
     """Seed 001: "Cross-entropy between the predicted distribution and the one-hot true next token,
     -sum_w y_t[w] log y_hat_t[w], which reduces to -log y_hat_t[w_{t+1}]"."""
     model = tiny_model()
-    V = model.cfg.codebook_size
-    y_hat = torch.softmax(model(torch.tensor([[[model.cfg.bos_id]]]))[0, 0, 0], -1)  # after x_0 alone
+    V = model.config.codebook_size
+    y_hat = torch.softmax(model(torch.tensor([[[model.config.bos_id]]]))[0, 0, 0], -1)  # after x_0 alone
     for w in range(V):
         y = F.one_hot(torch.tensor(w), V).double()
         full_sum = -(y * y_hat.log()).sum()
@@ -296,7 +296,7 @@ def test_perplexity_is_inverse_probability_normalized_by_length_and_exp_of_mean_
     It is the exponent of the mean cross-entropy loss (in nats, since log is natural log)"."""
     model = tiny_model()
     x = [3, 3, 0, 6, 1]
-    T, bos = len(x), model.cfg.bos_id
+    T, bos = len(x), model.config.bos_id
     prob = 1.0
     for t in range(T):  # chain rule, one separate forward per prefix
         prob *= float(torch.softmax(model(torch.tensor([[[bos] + x[:t]]]))[0, 0, -1], -1)[x[t]])
@@ -310,7 +310,7 @@ def test_learned_positions_are_trained_rows_up_to_a_maximum_length():
     with the other parameters (a matrix E_pos), added to the token embedding"."""
     model = MultiCodebookLM(tiny(pos="learned", max_seq_len=6))
     table = model.pos_embedding.table.weight
-    assert table.shape == (6, model.cfg.d_model) and table.requires_grad
+    assert table.shape == (6, model.config.d_model) and table.requires_grad
     model.loss(torch.tensor([[[1, 2, 3]]])).loss.backward()
     assert table.grad[:3].abs().sum(-1).gt(0).all() and table.grad[3:].abs().sum() == 0
     with pytest.raises(ValueError, match="max_seq_len"):
@@ -348,7 +348,7 @@ def test_grouped_query_attention_is_multi_head_attention_when_groups_equal_heads
     expanded = MultiCodebookLM(tiny(d_model=16, n_heads=4)).double().eval()
     state = gqa.state_dict()
     dh = 4
-    for i in range(gqa.cfg.n_layers):
+    for i in range(gqa.config.n_layers):
         w = state[f"blocks.{i}.attn.qkv.weight"]  # rows: 4 query heads, 2 key heads, 2 value heads
         q, k, v = w.split([4 * dh, 2 * dh, 2 * dh])
         repeat = lambda m: rearrange(m, "(h d) i -> h d i", d=dh).repeat_interleave(2, 0).flatten(0, 1)  # noqa: E731

@@ -20,10 +20,11 @@ import torch.nn.functional as F
 
 from codec.quantizer import ResidualVectorQuantizer
 from lm import MultiCodebookLM
-from seed_helpers import tiny, randomized
 from lm.generate import generate
 from lm.layers import Attention, FeedForward, LayerNorm, RMSNorm, SinusoidalPositions, SwiGLU, make_norm
 from lm.rope import RotaryEmbedding, apply_rotary
+from lm.sampling import SamplingOptions
+from seed_helpers import randomized, tiny
 
 
 def seed_rvq(e: list[float], codebooks: list[list[list[float]]]) -> list[int]:
@@ -256,11 +257,11 @@ def test_generation_samples_at_the_last_position_appends_and_repeats(greedy):
 
     model = randomized(MultiCodebookLM(tiny()))
     prompt = torch.tensor([[[3, 1]]])
-    out = generate(model, prompt, 6, greedy=greedy, temperature=0.8, top_k=5,
+    out = generate(model, prompt, 6, sampling=SamplingOptions(temperature=0.8, top_k=5, greedy=greedy),
                    generator=torch.Generator().manual_seed(7))
     assert out.shape == (1, 1, 8) and torch.equal(out[..., :2], prompt)
     gen = torch.Generator().manual_seed(7)
-    seq = [model.cfg.bos_id, 3, 1]
+    seq = [model.config.bos_id, 3, 1]
     while len(seq) < 9:
         logits = model(torch.tensor([[seq]]))[:, :, -1]  # the last position n only
         seq.append(int(sample_next(logits, 0.8, 5, None, greedy, gen)))

@@ -35,8 +35,8 @@ def test_the_shipped_codec_keeps_its_fingerprints(codec):
 
 
 def test_the_shipped_lm_models_the_shipped_codecs_tokens(codec, lm):
-    assert lm.cfg.codec_fingerprint == codec.token_fingerprint()
-    assert (lm.cfg.n_codebooks, lm.cfg.codebook_size) == (codec.n_codebooks, codec.codebook_size)
+    assert lm.config.codec_fingerprint == codec.token_fingerprint()
+    assert (lm.config.n_codebooks, lm.config.codebook_size) == (codec.n_codebooks, codec.codebook_size)
     card = (MODELS / "codec-speech-16k" / "MODEL_CARD.md").read_text()
     assert codec.fingerprint()[:12] in card and codec.token_fingerprint()[:12] in card
     assert codec.token_fingerprint()[:12] in (MODELS / "lm-speech-16k" / "MODEL_CARD.md").read_text()
@@ -57,7 +57,7 @@ def test_the_shipped_codec_reconstructs_real_held_out_speech(codec, speech_files
 
 def test_the_shipped_lm_predicts_held_out_speech_tokens_better_than_chance(codec, lm, speech_files):
     wav = load_audio(speech_files["test"][0], codec.sample_rate, codec.channels)[None]
-    codes = codec.encode(wav)[..., : lm.cfg.max_frames]
+    codes = codec.encode(wav)[..., : lm.config.max_frames]
     with torch.no_grad():
         nll, valid = lm.token_nll(codes)
     per_token = float(nll.sum() / valid.sum())
@@ -76,12 +76,12 @@ def test_the_shipped_masked_lm_fills_held_out_speech_better_than_chance(codec, l
     from lm import MaskedLM, load_lm
 
     masked = load_lm(MODELS / "lm-masked-speech-16k").eval()
-    assert isinstance(masked, MaskedLM) and masked.cfg.codec_fingerprint == codec.token_fingerprint()
-    assert (masked.cfg.d_model, masked.cfg.n_layers, masked.cfg.max_seq_len) == (lm.cfg.d_model, lm.cfg.n_layers,
-                                                                                 lm.cfg.max_seq_len)
+    assert isinstance(masked, MaskedLM) and masked.config.codec_fingerprint == codec.token_fingerprint()
+    assert (masked.config.d_model, masked.config.n_layers, masked.config.max_seq_len) == (lm.config.d_model, lm.config.n_layers,
+                                                                                 lm.config.max_seq_len)
     assert codec.token_fingerprint()[:12] in (MODELS / "lm-masked-speech-16k" / "MODEL_CARD.md").read_text()
     wav = load_audio(speech_files["test"][0], codec.sample_rate, codec.channels)[None]
-    codes = codec.encode(wav)[..., : masked.cfg.max_frames]
+    codes = codec.encode(wav)[..., : masked.config.max_frames]
     with torch.no_grad():  # level 0, half its frames hidden, the finer levels hidden: 4.9 nats on the card
         out = masked.loss(codes, generator=torch.Generator().manual_seed(0), level=0, ratio=0.5, prefix_prob=0.0)
     assert out.count[0] > 0 and out.loss < math.log(codec.codebook_size) - 1.0  # uniform: 6.93 nats
@@ -95,10 +95,10 @@ def test_the_shipped_conditioned_lm_hears_who_speaks_in_held_out_speech(codec, l
 
     folder = MODELS / "lm-speech-conditioned-16k"
     model = load_lm(folder).eval()
-    cond = model.cfg.condition
-    assert cond is not None and model.cfg.codec_fingerprint == codec.token_fingerprint()
+    cond = model.config.condition
+    assert cond is not None and model.config.codec_fingerprint == codec.token_fingerprint()
     assert {"font_small", "font_big", "synth-m1", "synth-f2"} <= set(cond.speakers)
-    assert (model.cfg.d_model, model.cfg.n_layers) == (lm.cfg.d_model, lm.cfg.n_layers)
+    assert (model.config.d_model, model.config.n_layers) == (lm.config.d_model, lm.config.n_layers)
     assert codec.token_fingerprint()[:12] in (folder / "MODEL_CARD.md").read_text()
     rows = [json.loads(line) for line in (corpus_dir / "test" / "metadata.jsonl").read_text().splitlines()]
     other = {"font_small": "font_big", "font_big": "font_small"}
@@ -107,7 +107,7 @@ def test_the_shipped_conditioned_lm_hears_who_speaks_in_held_out_speech(codec, l
     gains = []
     for name, speaker in files:
         codes = codec.encode(load_audio(corpus_dir / "test" / name, codec.sample_rate, codec.channels)[None])
-        codes = codes[..., : model.cfg.max_frames - 1]
+        codes = codes[..., : model.config.max_frames - 1]
         nll = []
         for who in (speaker, other[speaker]):
             with torch.no_grad():

@@ -7,7 +7,7 @@
     rvqlm generate --lm LM_DIR --codec CODEC_DIR --text "Co je to za divnou loď?" \\
         --speaker font_small --cfg 3 --out say.wav        (a conditioned LM; --prompt optional)
 
-A masked LM (`rvqlm train-masked-lm`) fills the continuation by iterative parallel decoding,
+A masked LM (a recipe of family `masked`) fills the continuation by iterative parallel decoding,
 level by level (lm.masked_generate): --steps 16,4,2,1 gives the steps of the first levels (the
 others take 1 each; default 8,2,1,1,1,1,1,1), --choice-temperature the Gumbel noise on the confidence
 that picks which sampled codes a step keeps (MaskGIT's; default 4.5; 0: the most confident).
@@ -102,39 +102,25 @@ def output_paths(out: str | Path, num_samples: int, with_prompt: bool) -> list[O
 
 def check_request(args: argparse.Namespace) -> None:
     """Every mistake that can be caught before loading a model: ValueError with the option's name."""
-    from lm.sampling import check_sampling_args
-
-    try:
-        check_sampling_args(args.temperature, args.top_k, args.top_p, args.greedy)
-    except ValueError as e:
-        raise ValueError(f"{e} (--temperature / --top-k / --top-p)") from None
+    sampling_options(args)
     if not (args.seconds > 0 and math.isfinite(args.seconds)):
         raise ValueError(f"--seconds must be > 0, got {args.seconds}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
-    for flag, scale in (("--cfg", args.cfg), ("--speaker-cfg", args.speaker_cfg)):
-        if scale is not None and not (scale >= 0 and math.isfinite(scale)):
-            raise ValueError(f"{flag} must be a finite number >= 0, got {scale}")
     if args.prompt_seconds is not None:
         if args.prompt is None:
             raise ValueError("--prompt-seconds needs --prompt")
         if not (args.prompt_seconds > 0 and math.isfinite(args.prompt_seconds)):
             raise ValueError(f"--prompt-seconds must be > 0, got {args.prompt_seconds}")
-    if args.choice_temperature is not None and not (0 <= args.choice_temperature < math.inf):
-        raise ValueError(f"--choice-temperature must be a finite number >= 0, got {args.choice_temperature}")
-    if args.steps is not None:
-        from lm.masked_generate import steps_per_level
-
-        steps_per_level(args.steps, max(len(args.steps.split(",")), 1))  # the syntax; the level count once loaded
     if Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} is a folder; give a file name such as {Path(args.out) / 'out.wav'}")
 
 
 def check_pair(lm_model, codec) -> None:
     """Refuse an LM and a codec that do not share tokens (ValueError naming both)."""
-    cfg = lm_model.cfg
+    cfg = lm_model.config
     if (codec.n_codebooks, codec.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
         raise ValueError(f"the codec makes N_c={codec.n_codebooks} codebooks of {codec.codebook_size} codes, "
                          f"the LM models N_c={cfg.n_codebooks} of {cfg.codebook_size}: not the LM's codec")
@@ -147,58 +133,70 @@ def check_pair(lm_model, codec) -> None:
                          "mean different sounds")
 
 
-def check_condition(args: argparse.Namespace, lm_model) -> None:
-    """Refuse --text / --speaker / --cfg / --speaker-cfg / --monotonic an LM cannot take, naming what it allows
-    (ValueError)."""
+def sampling_options(args: argparse.Namespace):
+    """The SamplingOptions the flags ask for (ValueError naming the flags)."""
+    from lm.sampling import SamplingOptions
+
+    try:
+        return SamplingOptions(args.temperature, args.top_k, args.top_p, args.greedy, args.seed, args.cfg,
+                               args.speaker_cfg)
+    except ValueError as e:
+        raise ValueError(f"{e} (--temperature / --top-k / --top-p / --seed / --cfg / --speaker-cfg)") from None
+
+
+def check_condition(args: argparse.Namespace, lm_model):
+    """The Condition of --text / --speaker (None without either); ValueError for what the LM cannot take,
+    naming what it allows."""
+    from lm.conditioning import Condition
+
     asked = [f"--{name.replace('_', '-')}" for name in ("text", "speaker", "cfg", "speaker_cfg", "monotonic")
              if getattr(args, name) is not None]
-    cond = lm_model.cfg.condition
-    if cond is None:
+    if lm_model.config.condition is None:
         if asked:
             raise ValueError(f"{' '.join(asked)}: the LM {args.lm} is not conditioned (no condition encoder); "
                              "it takes only --prompt and the sampling options")
-        return
-    if args.monotonic and not cond.guided:
-        raise ValueError(f"--monotonic: the LM {args.lm} was not trained with guided attention, so it has no "
-                         "reading heads to window; leave it out")
+        return None
     try:
         lm_model.condition_inputs(args.text, args.speaker, 1)
     except ValueError as e:
         raise ValueError(f"{e} (--text / --speaker)") from None
+    return Condition(args.text, args.speaker)
 
 
-def condition_options(args: argparse.Namespace, lm_model) -> dict:
-    """The conditioning keywords of the LM's generate (none for an unconditioned LM; no reading window for a
-    masked one)."""
-    if lm_model.cfg.condition is None:
-        return {}
-    reading = {} if lm_model.cfg.family == "masked" else {"monotonic": args.monotonic,
-                                                          "speaker_cfg_scale": args.speaker_cfg}
-    return {"text": args.text, "speaker": args.speaker, "cfg_scale": args.cfg, **reading}
+# The flags of a family's own decoding options (lm.families: its `options` dataclass's fields).
+FAMILY_FLAGS = {"steps": "--steps", "window": "--window", "choice_temperature": "--choice-temperature",
+                "use_cache": "--no-cache", "monotonic": "--monotonic / --no-monotonic"}
 
 
-def check_family(args: argparse.Namespace, lm_model) -> None:
-    """Refuse options the LM's family has no use for (--steps for an AR LM; --stream, --no-cache for a masked one)."""
-    if lm_model.cfg.family != "masked":
-        for flag, given in (("--steps", args.steps), ("--window", args.window),
-                            ("--choice-temperature", args.choice_temperature)):
-            if given is not None:
-                raise ValueError(f"{flag} is for a masked LM; {args.lm} is an autoregressive LM (one step per frame)")
-        return
-    from lm.masked_generate import steps_per_level
+def family_options(args: argparse.Namespace, lm_model):
+    """The LM family's decoding options from the flags; ValueError for a flag its family has no use for."""
+    from lm.families import family_of
 
-    steps_per_level(args.steps, lm_model.cfg.n_codebooks)
-    for flag, given in (("--stream", args.stream), ("--no-cache", args.no_cache),
-                        ("--monotonic / --no-monotonic", args.monotonic is not None)):
-        if given:
-            raise ValueError(f"{flag} is for an autoregressive LM; {args.lm} is a masked LM (whole windows at once)")
+    family = family_of(lm_model.config.family)
+    if args.stream and not family.streams:
+        raise ValueError(f"--stream is not an option of the {family.name!r} LM family ({args.lm}), which does not "
+                         "make its frames one by one")
+    given = {"steps": args.steps, "window": args.window, "choice_temperature": args.choice_temperature,
+             "use_cache": False if args.no_cache else None, "monotonic": args.monotonic}
+    return family.make_options(given, FAMILY_FLAGS)
+
+
+def check_length(args: argparse.Namespace, lm_model, codec, prompt_frames: int, new_frames: int) -> None:
+    """Refuse --seconds longer than the free memory can hold the codes of, naming the longest (ValueError)."""
+    from lm.generate import longest_generation
+
+    longest = longest_generation(lm_model, args.num_samples) - prompt_frames
+    if new_frames > longest:
+        raise ValueError(f"--seconds {args.seconds:g}: at most {max(longest, 0) / codec.frame_rate:.0f} s can be "
+                         f"generated here ({args.num_samples} sample(s): longer codes would not fit in the free "
+                         f"memory of {args.device})")
 
 
 def load_prompt_codes(path: str, codec, lm_model, prompt_seconds: float | None):
     """Read, trim to whole frames and encode the prompt -> codes [1, N_c, T0] (LongTensor)."""
     from codec.audio import audio_info, load_audio
 
-    cfg, hop, rate = lm_model.cfg, codec.hop_length, codec.frame_rate
+    cfg, hop, rate = lm_model.config, codec.hop_length, codec.frame_rate
     info = audio_info(path)
     seconds = info.duration if prompt_seconds is None else min(prompt_seconds, info.duration)
     frames = int(seconds * codec.sample_rate) // hop
@@ -218,14 +216,14 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from codec import Codec
-    from lm.families import load_lm
+    from lm.trunk import load_lm
     from lm.generate import generate
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     lm_model = load_lm(args.lm, map_location=args.device)
-    check_condition(args, lm_model)
-    check_family(args, lm_model)
+    condition = check_condition(args, lm_model)
+    options = family_options(args, lm_model)
     codec = Codec.from_pretrained(args.codec, map_location=args.device)
     check_pair(lm_model, codec)
 
@@ -236,26 +234,17 @@ def _generate(args: argparse.Namespace) -> int:
         prompt = torch.zeros(args.num_samples, codec.n_codebooks, 0, dtype=torch.long, device=codec.device)
     t0 = prompt.shape[-1]
     new_frames = max(1, round(args.seconds * codec.frame_rate))
+    check_length(args, lm_model, codec, t0, new_frames)
+    request = dict(sampling=sampling_options(args), condition=condition, options=options)
     if args.stream:
         from rvqlm.commands.stream_generate import generate_streaming
 
         return generate_streaming(args, lm_model, codec, prompt, new_frames,
-                                  output_paths(args.out, args.num_samples, args.prompt is not None),
-                                  condition_options(args, lm_model))
+                                  output_paths(args.out, args.num_samples, args.prompt is not None), request)
 
     start = time.perf_counter()
-    conditions = condition_options(args, lm_model)
-    if lm_model.cfg.family == "masked":
-        codes = lm_model.generate(prompt, new_frames, steps=args.steps, temperature=args.temperature,
-                                  top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed,
-                                  window=args.window, choice_temperature=args.choice_temperature,
-                                  progress=not args.no_progress, **conditions)
-        lengths = torch.full((codes.shape[0],), codes.shape[-1])
-    else:
-        codes, lengths = generate(lm_model, prompt, new_frames, temperature=args.temperature, top_k=args.top_k,
-                                  top_p=args.top_p, greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache,
-                                  progress=not args.no_progress, frame_rate=codec.frame_rate, return_lengths=True,
-                                  **conditions)
+    codes, lengths = generate(lm_model, prompt, new_frames, progress=not args.no_progress,
+                              frame_rate=codec.frame_rate, return_lengths=True, **request)
     elapsed = time.perf_counter() - start
     wav = codec.decode(codes)  # [B, C, T * hop]
     _write_samples(args, codec, wav, lengths.tolist(), t0, new_frames)

@@ -2,7 +2,7 @@
 tokens, write it again (half precision for shipping).
 
     rvqlm train-lm --config recipes/lm_speech.yaml [--trainer.max_steps 2000] [--ckpt_path last]
-    rvqlm train-masked-lm --config recipes/lm_masked_speech.yaml      (the masked family, lm.masked_training)
+    rvqlm train-lm --config recipes/lm_masked_speech.yaml     (the recipe's model.config.family: masked)
     rvqlm eval-lm --lm runs/lm_speech/pretrained --tokens data/tokens/fillets-cs-16k-e6a55039dd75 --split valid
     rvqlm export-lm runs/lm_speech/pretrained models/lm-speech-16k --dtype float16
 """
@@ -10,11 +10,13 @@ tokens, write it again (half precision for shipping).
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 
 from rvqlm_core.weight_dtype import QUANTIZED_DTYPES, STORAGE_DTYPES
 
-TRAIN_HELP = """Train the LM through LightningCLI `fit`. Every argument goes to LightningCLI:
+TRAIN_HELP = """Train the LM through LightningCLI `fit` of the LightningModule of the recipe's LM family
+(model.config.family: ar or masked, lm.families). Every argument goes to LightningCLI:
   --config RECIPE.yaml (recipes/lm_tiny.yaml, recipes/lm_speech.yaml), overrides such as
   --trainer.max_steps 500 or --data.tokens_dir DIR, --ckpt_path last to resume the run in
   trainer.default_root_dir, --print_config to see the full configuration, --help for all options."""
@@ -27,11 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                            description=TRAIN_HELP, prefix_chars="\0", add_help=False)
     train.add_argument("lightning_args", nargs="*")
     train.set_defaults(func=_train)
-    masked = sub.add_parser("train-masked-lm", help="train a masked (bidirectional) token LM from a YAML recipe",
-                            description=TRAIN_HELP.replace("lm_tiny.yaml", "lm_masked_tiny.yaml").replace(
-                                "lm_speech.yaml", "lm_masked_speech.yaml"), prefix_chars="\0", add_help=False)
-    masked.add_argument("lightning_args", nargs="*")
-    masked.set_defaults(func=_train_masked)
 
     ev = sub.add_parser("eval-lm", help="held-out NLL per codebook (nats/token) of a trained LM",
                         description="Score an LM on every frame of one split of a token folder: NLL per "
@@ -47,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--batch-size", type=int, default=4)
     ev.add_argument("--unigram", action="store_true",
                     help="also score the unigram baseline (token frequencies of the train split)")
-    ev.add_argument("--mask-ratio", type=float, default=0.5,
+    ev.add_argument("--mask-ratio", type=float, default=None,
                     help="a masked LM: the share of each level hidden when it is scored (default 0.5)")
     ev.add_argument("--json", dest="json_out", default=None, help="also write the figures to this JSON file")
     ev.set_defaults(func=_eval)
@@ -68,14 +65,8 @@ def _train(args: argparse.Namespace) -> int:
     return train_main(args.lightning_args)
 
 
-def _train_masked(args: argparse.Namespace) -> int:
-    from lm.masked_training import masked_train_main
-
-    return masked_train_main(args.lightning_args)
-
-
 def _export(args: argparse.Namespace) -> int:
-    from lm.families import load_lm
+    from lm.trunk import load_lm
 
     out = load_lm(args.lm).save_pretrained(args.output, dtype=args.dtype)
     print(f"exported {args.lm} -> {out} ({args.dtype})")
@@ -83,27 +74,28 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from lm.families import load_lm
-    from lm.masked_training import masked_held_out_report
-    from lm.training import held_out_report
+    from lm.families import family_of
+    from lm.trunk import load_lm
     from rvqlm_core.atomic import atomic_write_json
 
     model = load_lm(args.lm)
-    where = dict(split_by=args.split_by, valid_fraction=args.valid_fraction, window_frames=args.window_frames,
-                 batch_size=args.batch_size)
-    if model.cfg.family == "masked":
-        if args.unigram:
-            raise ValueError("--unigram scores every frame; a masked LM is scored on its hidden positions only")
-        report = {"lm": str(args.lm), **masked_held_out_report(model, args.tokens, args.split, ratio=args.mask_ratio,
-                                                               **where)}
-        print(f"masked LM: level q scored with {args.mask_ratio:g} of its frames hidden, finer levels hidden, "
-              "coarser visible (NLL over the hidden positions)")
-    else:
-        report = {"lm": str(args.lm), **held_out_report(model, args.tokens, args.split, unigram=args.unigram,
-                                                        **where)}
+    family = family_of(model.config.family)
+    given = {"unigram": args.unigram or None, "ratio": args.mask_ratio}
+    flags = {"unigram": "--unigram", "ratio": "--mask-ratio"}
+    report_fn = family.resolve("held_out_report")
+    params = inspect.signature(report_fn).parameters
+    for key, value in given.items():
+        if value is not None and key not in params:
+            raise ValueError(f"{flags[key]} is not an option of the {family.name!r} LM family's score")
+    extra = {k: v for k, v in given.items() if v is not None}
+    report = {"lm": str(args.lm), **report_fn(model, args.tokens, args.split, split_by=args.split_by,
+                                             valid_fraction=args.valid_fraction, window_frames=args.window_frames,
+                                             batch_size=args.batch_size, **extra)}
+    if "scored" in report:
+        print(report["scored"])
     window, files, count = report["window_frames"], report["files"], report["tokens_per_codebook"]
     baseline = report.get("unigram_nll_per_codebook")
-    cfg = model.cfg
+    cfg = model.config
 
     print(f"{args.split} split of {args.tokens}: {files} files, {int(count[0])} frames, "
           f"windows of {window} frames")

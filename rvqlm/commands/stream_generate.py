@@ -100,9 +100,9 @@ class ContinuationWriter:
 
 
 def generate_streaming(args, lm_model, codec, prompt: Tensor, new_frames: int, paths: list,
-                       conditions: dict) -> int:
-    """`rvqlm generate --stream` from the parsed args and the conditioning keywords of lm.generate:
-    generate, write while generating, report."""
+                       request: dict) -> int:
+    """`rvqlm generate --stream` from the parsed args and lm.generate.generate's sampling, condition and
+    options (`request`): generate, write while generating, report."""
     from codec.audio import save_audio
     from lm.generate import generate
 
@@ -111,9 +111,7 @@ def generate_streaming(args, lm_model, codec, prompt: Tensor, new_frames: int, p
     for p in paths:
         print(f"streaming to {p.continuation} (valid at every moment; follow it with a player)", file=sys.stderr)
     start = time.perf_counter()
-    _, lengths = generate(lm_model, prompt, new_frames, temperature=args.temperature, top_k=args.top_k,
-                          top_p=args.top_p, greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache,
-                          on_frames=writer.frames, return_lengths=True, **conditions)
+    _, lengths = generate(lm_model, prompt, new_frames, on_frames=writer.frames, return_lengths=True, **request)
     wav = writer.finish(lengths)
     elapsed = time.perf_counter() - start
     hop, rate = codec.hop_length, codec.frame_rate

@@ -8,7 +8,6 @@ models/lm-masked-speech-16k); without one it is one line saying how to get it.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,20 +18,23 @@ from rvqlm.demo.report import Section, write_clip
 
 TITLE = "Masked LM continuations"
 TABLE = "Masked LM continuations (iterative parallel decoding)"
-RECIPE = "rvqlm train-masked-lm --config recipes/lm_masked_speech.yaml"
+RECIPE = "rvqlm train-lm --config recipes/lm_masked_speech.yaml"
 
 
 def masked_lm_hint(lm_dir: str | Path, codec) -> str | None:
     """None when `lm_dir` holds a masked LM of `codec`'s tokens, else the one line saying why the section
     is left out and how to get one."""
     how = f"train one on this codec's tokens with `{RECIPE}` and give its pretrained/ folder with --masked-lm"
-    config_path = Path(lm_dir) / "config.json"
-    if not config_path.is_file():
+    from lm.trunk import read_lm_config
+    from lm.masked_model import MaskedLM
+
+    try:
+        config = read_lm_config(lm_dir)
+    except (OSError, ValueError):
         return f"“{TITLE}” left out: no masked LM at {lm_dir}; {how}."
-    config = json.loads(config_path.read_text(encoding="utf-8")).get("config", {})
-    if config.get("family") != "masked":
+    if config.family != MaskedLM.family:
         return f"“{TITLE}” left out: {lm_dir} is not a masked LM; {how}."
-    if not codec.accepts_tokens(config.get("codec_fingerprint")):
+    if not codec.accepts_tokens(config.codec_fingerprint):
         return f"“{TITLE}” left out: {lm_dir} was trained on another codec's tokens; {how}."
     return None
 
@@ -43,18 +45,20 @@ def masked_continuations(codec, lm_dir: str | Path, prompts: list[Path], prompt_
     """The first `prompt_seconds` of each prompt file continued by `seconds` with the masked LM at `lm_dir`,
     written under `out` (audio/masked-promptI-*.wav); `say` gets the hint when the section is left out."""
     from codec.audio import load_audio
-    from lm.families import load_lm
-    from lm.masked_generate import default_window, model_calls, steps_per_level
+    from lm.trunk import load_lm
+    from lm.generate import generate
+    from lm.masked_generate import MaskedDecoding, default_window, model_calls, steps_per_level
+    from lm.sampling import SamplingOptions
 
     why_not = masked_lm_hint(lm_dir, codec) if prompts else f"“{TITLE}” left out (no prompts)."
     if why_not is not None:
         say(why_not)
         return Section(TITLE, why_not, table_title=TABLE)
     model = load_lm(lm_dir).eval()
-    level_steps = steps_per_level(steps, model.cfg.n_codebooks)
+    level_steps = steps_per_level(steps, model.config.n_codebooks)
     n_prompt = int(prompt_seconds * codec.frame_rate)
     n_new = int(seconds * codec.frame_rate)
-    calls = model_calls(n_prompt, n_new, default_window(model.cfg, n_prompt + n_new), level_steps)
+    calls = model_calls(n_prompt, n_new, default_window(model.config, n_prompt + n_new), level_steps)
     done = Section(TITLE, f"The same prompts continued by {Path(lm_dir).name}, a masked LM filling the "
                           f"{seconds:g} s in parallel steps ({','.join(map(str, level_steps))} per level, "
                           f"{calls} model calls in all, against one a frame for the AR LM), same sampling.",
@@ -64,8 +68,8 @@ def masked_continuations(codec, lm_dir: str | Path, prompts: list[Path], prompt_
         with torch.inference_mode():
             codes = codec.encode(load_audio(f, codec.sample_rate, codec.channels).unsqueeze(0))[:, :, :n_prompt]
         t0 = time.perf_counter()
-        full = model.generate(codes, n_new, steps=level_steps, temperature=temperature, top_k=top_k, top_p=top_p,
-                              generator=gen)
+        full = generate(model, codes, n_new, sampling=SamplingOptions(temperature, top_k, top_p),
+                        options=MaskedDecoding(steps=level_steps), generator=gen)
         took = time.perf_counter() - t0
         with torch.inference_mode():
             audio = codec.decode(full)[0]

@@ -200,9 +200,12 @@ def tokenize_corpus(s: DemoSettings, corpus: Path, codec) -> Path:
 
 def shipped_lm_for(s: DemoSettings, codec) -> Path | None:
     """`s.lm_init` if it was trained on this codec's tokens, else None (a small LM is trained instead)."""
-    config = Path(s.lm_init) / "config.json"
-    fits = config.is_file() and json.loads(config.read_text()).get("config", {}).get(
-        "codec_fingerprint") == codec.token_fingerprint()
+    from lm.trunk import read_lm_config
+
+    try:
+        fits = read_lm_config(s.lm_init).codec_fingerprint == codec.token_fingerprint()
+    except (OSError, ValueError):
+        fits = False
     if not fits and s.lm_minutes == 0:
         raise RuntimeError(f"{s.lm_init} is not an LM trained on this codec's tokens, so the demo must train one: "
                            "give it minutes (--lm-minutes)")
@@ -219,7 +222,7 @@ def demo_lm(s: DemoSettings, codec, tokens_dir: Path, init: Path | None):
     else:
         lm_dir = train_demo_lm(s, tokens_dir, Path(s.work_dir) / "lm", init)
     model = MultiCodebookLM.from_pretrained(lm_dir).eval()
-    if not codec.accepts_tokens(model.cfg.codec_fingerprint):
+    if not codec.accepts_tokens(model.config.codec_fingerprint):
         raise RuntimeError("the demo LM was trained on tokens of another codec")
     return model
 
@@ -254,6 +257,7 @@ def continue_prompts(s: DemoSettings, codec, model, prompts: list[Path], out: Pa
     `s.continuation_seconds`, with its real-time factor and the model's NLL of what it sampled."""
     from codec.audio import load_audio
     from lm.generate import generate
+    from lm.sampling import SamplingOptions
 
     sr = codec.sample_rate
     n_prompt_frames = int(s.prompt_seconds * codec.frame_rate)
@@ -266,7 +270,7 @@ def continue_prompts(s: DemoSettings, codec, model, prompts: list[Path], out: Pa
         with torch.inference_mode():
             codes = codec.encode(wav.unsqueeze(0))[:, :, :n_prompt_frames]  # [1, N_c, T]
         t0 = time.perf_counter()
-        full = generate(model, codes, n_new, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+        full = generate(model, codes, n_new, sampling=SamplingOptions(s.temperature, s.top_k, s.top_p),
                         generator=gen, progress=True, frame_rate=codec.frame_rate)
         seconds = time.perf_counter() - t0
         with torch.inference_mode():

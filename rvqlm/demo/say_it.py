@@ -12,7 +12,6 @@ default models/lm-speech-conditioned-16k); without one it is one line saying how
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,15 +32,17 @@ def conditioned_lm_hint(lm_dir: str | Path, codec) -> str | None:
     one line saying why the section is left out and how to get the LM."""
     how = (f"tokenize the folder of `rvqlm corpus prepare synthetic` with this codec, train one with `{RECIPE}` "
            "and give its pretrained/ folder with --conditioned-lm")
-    config_path = Path(lm_dir) / "config.json"
-    if not config_path.is_file():
+    from lm.trunk import read_lm_config
+
+    try:
+        config = read_lm_config(lm_dir)
+    except (OSError, ValueError):
         return f"“Say it” left out: no conditioned LM at {lm_dir}; {how}."
-    config = json.loads(config_path.read_text(encoding="utf-8")).get("config", {})
-    if not config.get("condition"):
+    if config.condition is None:
         return f"“Say it” left out: {lm_dir} is an LM without text and speaker conditioning; {how}."
-    if not codec.accepts_tokens(config.get("codec_fingerprint")):
+    if not codec.accepts_tokens(config.codec_fingerprint):
         return f"“Say it” left out: {lm_dir} was trained on another codec's tokens; {how}."
-    missing = [v for v in VOICES if v not in config["condition"].get("speakers", [])]
+    missing = [v for v in VOICES if v not in config.condition.speakers]
     if missing:
         return f"“Say it” left out: {lm_dir} knows no speaker {', '.join(missing)}; {how}."
     return None
@@ -79,7 +80,7 @@ def say_it_clips(codec, lm_dir: str | Path, corpus: str | Path, n: int, out: Pat
     model = None
     if why_not is None:
         model = MultiCodebookLM.from_pretrained(lm_dir).eval()
-        lines = pick_lines(corpus, n, model.cfg.condition.text_max_bytes)
+        lines = pick_lines(corpus, n, model.config.condition.text_max_bytes)
         if not lines:
             why_not = (f"“Say it” left out: the test split of {corpus} has no line of {MIN_SECONDS:g}-{MAX_SECONDS:g} s "
                        f"with a text spoken by {' or '.join(VOICES)}.")
@@ -89,7 +90,7 @@ def say_it_clips(codec, lm_dir: str | Path, corpus: str | Path, n: int, out: Pat
     wall = time.perf_counter()
     done = Section(TITLE, f"Held-out lines of the test split, each generated from its text alone (no audio prompt) "
                           f"in both voices by {Path(lm_dir).name}, classifier-free guidance {cfg_scale:g}, "
-                          f"{'reading the text in order (monotonic reading), ' if reads_in_order(model.cfg, None) else ''}"
+                          f"{'reading the text in order (monotonic reading), ' if reads_in_order(model.config, None) else ''}"
                           "plain sampling; the real recording first. Intelligibility is not expected from 75 minutes "
                           "of speech.", table_title=TABLE)
     for i, (path, text, speaker) in enumerate(lines):
@@ -104,7 +105,9 @@ def _say_line(model, codec, path: Path, text: str, speaker: str, stem: str, out:
               seed: int) -> tuple[list[ReportClip], list[dict[str, str]]]:
     """One line's clips (the real recording, then each voice) and its table rows."""
     from codec.audio import audio_info, load_audio
+    from lm.conditioning import Condition
     from lm.generate import generate
+    from lm.sampling import SamplingOptions
 
     real_seconds = audio_info(path).duration
     words = {"text": text}
@@ -112,8 +115,8 @@ def _say_line(model, codec, path: Path, text: str, speaker: str, stem: str, out:
                         f"real recording ({VOICES[speaker]}, {path.parent.name}/{path.name})", words)]
     limit = max(int(2 * real_seconds * codec.frame_rate), 1)
     voices = list(VOICES)
-    codes, lengths = generate(model, None, limit, text=text, speaker=voices, cfg_scale=cfg_scale,
-                              return_lengths=True, seed=seed)
+    codes, lengths = generate(model, None, limit, sampling=SamplingOptions(seed=seed, cfg_scale=cfg_scale),
+                              condition=Condition(text, voices), return_lengths=True)
     rows = []
     for r, voice in enumerate(voices):
         n = int(lengths[r])
