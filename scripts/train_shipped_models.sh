@@ -12,7 +12,7 @@
 #                codec_speech_loudness_cycle.yaml (4000, new tokens), codec_speech_voices.yaml (3000, on
 #                the built-in corpus plus the voices corpus, `rvqlm corpus prepare voices`; new tokens)
 #   LM_STEPS     LM stage-1 steps (the shipped LM: see models/lm-speech-16k/MODEL_CARD.md)
-#   LM_STEPS2    LM stage-2 steps (recipes/lm_speech_stage2.yaml, from the stage-1 LM; the shipped LM:
+#   LM_STEPS2    LM stage-2 steps (recipes/shipped/lm_speech_stage2.yaml, from the stage-1 LM; the shipped LM:
 #                300; 0: none)
 #   MASKED_STEPS the masked LM (recipes/lm_masked_speech.yaml, from the shipped AR LM: 1000, the
 #                default; 0: none)
@@ -83,7 +83,7 @@ $RVQLM train-lm --config recipes/lm_speech.yaml --data.tokens_dir "$tokens" --tr
     --model.total_steps "$LM_STEPS"
 lm=runs/lm_speech/pretrained
 if [ "$LM_STEPS2" -gt 0 ]; then
-  $RVQLM train-lm --config recipes/lm_speech.yaml --config recipes/lm_speech_stage2.yaml --data.tokens_dir "$tokens" \
+  $RVQLM train-lm --config recipes/lm_speech.yaml --config recipes/shipped/lm_speech_stage2.yaml --data.tokens_dir "$tokens" \
       --model.init_from "$lm" --trainer.max_steps "$LM_STEPS2" --model.total_steps "$LM_STEPS2"
   lm=runs/lm_speech_stage2/pretrained
 fi
