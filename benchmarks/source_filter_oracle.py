@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from rvqlm.cli import run_script
-from rvqlm.metrics import align, estimate_lag, score
-from rvqlm.roundtrips import (SAMPLE_RATE, WORLD_F0_RANGE, WORLD_FRAME_MS, WORLD_MCEP_ALPHA, WORLD_MCEP_ORDER,
+from rvqlm.quality.metrics import align, estimate_lag, score
+from rvqlm.quality.roundtrips import (SAMPLE_RATE, WORLD_F0_RANGE, WORLD_FRAME_MS, WORLD_MCEP_ALPHA, WORLD_MCEP_ORDER,
                               codec2_roundtrip, pick_files, quantize_log_f0)
 
 HOP = int(SAMPLE_RATE * WORLD_FRAME_MS / 1000)
@@ -139,7 +139,7 @@ class ParamRVQ:
 
 def fit_rvq(corpora: list[str], n_files: int, stages: int) -> ParamRVQ:
     from codec.audio import load_audio
-    from rvqlm.corpus import corpus_files
+    from rvqlm.corpora.folder import corpus_files
 
     frames = []
     for corpus in corpora:
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(v != "mcep" and not (v.startswith("mel") and v[3:].isdigit()) for v in args.envelopes):
         p.error("--envelopes takes mcep or melN (N log-mel bands)")
     torch.set_num_threads(1)
-    from rvqlm.corpus import corpus_files
+    from rvqlm.corpora.folder import corpus_files
 
     files = pick_files(corpus_files(args.corpus, args.split), args.max_files, args.min_seconds)
     rvq = fit_rvq(args.fit_corpora, args.rvq_fit_files, args.rvq_stages) if args.rvq_fit_files > 0 else None
