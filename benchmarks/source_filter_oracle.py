@@ -59,6 +59,24 @@ def f0_track(x: np.ndarray, method: str) -> np.ndarray:
     raise ValueError(method)
 
 
+def mixed_track(tracks: dict[str, np.ndarray], method: str) -> np.ndarray:
+    """"yin_hv": YIN's F0 (filled through its unvoiced frames) on Harvest's voiced frames; "harvest_yv":
+    Harvest's F0 (YIN's where Harvest calls the frame unvoiced) on YIN's voiced frames. They part the
+    F0 values' share of a track's loss from the voicing decisions'."""
+    from codec.pitch import _fill_unvoiced
+
+    yin = tracks["yin"]
+    yin_filled = _fill_unvoiced(torch.from_numpy(yin)[None], torch.from_numpy(yin > 0)[None], WORLD_F0_RANGE[0])
+    yin_filled = yin_filled[0].numpy()
+    harvest = tracks["harvest"][: len(yin)]
+    if method == "yin_hv":
+        return np.where(harvest > 0, yin_filled[: len(harvest)], 0.0)
+    return np.where(yin[: len(harvest)] > 0, np.where(harvest > 0, harvest, yin_filled[: len(harvest)]), 0.0)
+
+
+MIXED = ("yin_hv", "harvest_yv")
+
+
 def _mel_points(n_fft: int, bands: int) -> tuple[np.ndarray, np.ndarray]:
     """Bin indices of `bands` mel-spaced points from 0 Hz to Nyquist, and every bin's index."""
     import librosa
@@ -184,10 +202,11 @@ def run(files: list[Path], estimators: list[str], envelopes: list[str], rvq: Par
             x = ref.astype(np.float64)
             total += len(x) / SAMPLE_RATE
             tracks = {}
-            for e in estimators:
+            for e in [e for e in estimators if e not in MIXED]:
                 t0 = time.perf_counter()
                 tracks[e] = f0_track(x, e)
                 seconds[e] += time.perf_counter() - t0
+            tracks.update({e: mixed_track(tracks, e) for e in estimators if e in MIXED})
             decoded = {"codec2 3200": codec2_roundtrip(ref, SAMPLE_RATE, "3200", Path(tmp)).decoded}
             for s in systems[1:]:
                 if s.startswith("rvq"):
@@ -232,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-files", type=int, default=24)
     p.add_argument("--min-seconds", type=float, default=2.0)
     p.add_argument("--estimators", nargs="+", default=["harvest", "dio", "yin", "pyin"],
-                   choices=["harvest", "dio", "yin", "pyin"])
+                   choices=["harvest", "dio", "yin", "pyin", *MIXED], help=f"{', '.join(MIXED)} need harvest and yin")
     p.add_argument("--envelopes", nargs="+", default=["mcep", "mel40"])
     p.add_argument("--rvq-fit-files", type=int, default=0, help="also score RVQ-coded parameters fitted on "
                    "this many train files of each --fit-corpora corpus (0: not)")
@@ -240,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rvq-stages", type=int, default=7, help="envelope codebooks at the top bitrate (N_c - 1)")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    if set(MIXED) & set(args.estimators) and not {"harvest", "yin"} <= set(args.estimators):
+        p.error(f"{' and '.join(MIXED)} need --estimators harvest and yin too")
     if any(v != "mcep" and not (v.startswith("mel") and v[3:].isdigit()) for v in args.envelopes):
         p.error("--envelopes takes mcep or melN (N log-mel bands)")
     torch.set_num_threads(1)
