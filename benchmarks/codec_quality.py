@@ -17,6 +17,9 @@ Systems (one table row each; rvqlm/quality/roundtrips.py):
 * codec2 (8 kHz narrowband; 450PWB decodes to 16 kHz) in its modes 3200..450 bit/s. Measured
   kbps = the size of the bit file, whose frames are padded to whole bytes.
 * original: the reference files themselves, DNSMOS only (the no-reference columns' reference point).
+* WORLD compact from the original: the source-filter design's ceiling (`world_compact_roundtrip`),
+  the reference analysed into 20 ms vocoder parameters and resynthesized; no bits (an oracle).
+  Left out, with a note, when pyworld or pysptk is not installed.
 
 Every decoded file, ours included, is aligned to the reference (`rvqlm.quality.metrics.estimate_lag`
 within +-100 ms, then `align`); "lag ms" is the median shift of each row. Metrics are means over
@@ -41,9 +44,9 @@ import numpy as np
 import torch
 
 from rvqlm.cli import run_script
-from rvqlm.quality.metrics import align, dnsmos, estimate_lag, mean_scores, score
+from rvqlm.quality.metrics import align, dnsmos, estimate_lag, have_package, mean_scores, score
 from rvqlm.quality.roundtrips import (CODEC2_MODES, OPUS_FLOOR_KBPS, SAMPLE_RATE, codec2_roundtrip, opus_roundtrip,
-                              ours_roundtrip, pick_files)
+                                      ours_roundtrip, pick_files, world_compact_roundtrip)
 
 
 @dataclass
@@ -53,7 +56,7 @@ class Row:
     system: str
     setting: str
     kbps: float  # nominal
-    group: str  # "ours" | "opus" | "codec2" | "original"
+    group: str  # "ours" | "opus" | "codec2" | "original" | "oracle"
     param: int | float | str | None  # ours: n_q; opus: kbps; codec2: mode
     scores: list[dict[str, float]] = field(default_factory=list)
     lags: list[int] = field(default_factory=list)
@@ -95,7 +98,7 @@ def opus_bitrates(requested: list[float] | None, ours: list[float]) -> list[floa
 
 
 def run_benchmark(codec, files: list[Path], opus_kbps: list[float], codec2_modes: list[str],
-                  progress: bool = True) -> list[Row]:
+                  progress: bool = True, oracle: bool = True) -> list[Row]:
     from tqdm import tqdm
 
     from codec.audio import load_audio
@@ -104,6 +107,7 @@ def run_benchmark(codec, files: list[Path], opus_kbps: list[float], codec2_modes
     rows += [Row("ours", f"N_c={k}", codec.bitrate_kbps(k), "ours", k) for k in range(1, codec.n_codebooks + 1)]
     rows += [Row("opus", f"{k:g}k voip", k, "opus", k) for k in opus_kbps]
     rows += [Row("codec2", mode, CODEC2_MODES[mode], "codec2", mode) for mode in codec2_modes]
+    rows += [Row("WORLD compact", "from orig.", float("nan"), "oracle", None)] if oracle else []
     with tempfile.TemporaryDirectory(prefix="codec_quality_") as tmp:
         workdir = Path(tmp)
         for path in tqdm(files, desc="files", unit="file", disable=not progress, dynamic_ncols=True):
@@ -114,6 +118,8 @@ def run_benchmark(codec, files: list[Path], opus_kbps: list[float], codec2_modes
                     rt = ours_roundtrip(codec, reference, SAMPLE_RATE, row.param)
                 elif row.group == "opus":
                     rt = opus_roundtrip(reference, SAMPLE_RATE, row.param, workdir)
+                elif row.group == "oracle":
+                    rt = world_compact_roundtrip(reference, SAMPLE_RATE)
                 else:
                     rt = codec2_roundtrip(reference, SAMPLE_RATE, row.param, workdir)
                 row.add(reference, rt.decoded, rt.bits)
@@ -252,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     files = pick_files(corpus_files(args.corpus, args.split), args.max_files, args.min_seconds)
     ours_kbps = [codec.bitrate_kbps(k) for k in range(1, codec.n_codebooks + 1)]
     opus_kbps = opus_bitrates(args.opus_kbps, ours_kbps)
-    rows = run_benchmark(codec, files, opus_kbps, args.codec2_modes, progress=not args.no_progress)
+    oracle = have_package("pyworld") and have_package("pysptk")
+    if not oracle:
+        print("note: pyworld or pysptk is missing (`make bench-setup`): no WORLD compact row")
+    rows = run_benchmark(codec, files, opus_kbps, args.codec2_modes, progress=not args.no_progress, oracle=oracle)
     summaries = [r.summary() for r in rows]
     verdict = goal_verdict(summaries)
     seconds = rows[0].seconds

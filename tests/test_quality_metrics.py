@@ -220,6 +220,33 @@ def test_codec2_roundtrip_bits_are_the_mode_s_frames(speech, tmp_path):
         roundtrips.codec2_roundtrip(speech, SR, "999", tmp_path)
 
 
+def test_log_f0_quantizer_keeps_voicing_and_lands_within_half_a_step():
+    """6 bits over 50-550 Hz in log: 63 steps of ln(11)/63, so a voiced F0 inside the range is moved by
+    at most half a step (~33 cents); unvoiced frames (0) stay 0, F0 outside the range is clipped."""
+    f0 = np.array([0.0, 50.0, 97.3, 123.4, 240.0, 550.0, 0.0, 900.0])
+    q = roundtrips.quantize_log_f0(f0)
+    assert (q[[0, 6]] == 0).all() and (q[[1, 2, 3, 4, 5, 7]] > 0).all()
+    half_step = math.log(11) / 63 / 2
+    assert np.abs(np.log(q[1:6] / f0[1:6])).max() <= half_step + 1e-12
+    assert q[7] == pytest.approx(550.0)
+    assert len(np.unique(roundtrips.quantize_log_f0(np.geomspace(50, 550, 1000)))) == 64
+
+
+def test_world_compact_roundtrip_is_intelligible_and_keeps_the_pitch(speech):
+    """The source-filter oracle (the issue's "WORLD compact" row) resynthesizes real speech at its
+    length, intelligibly, with the reference's pitch on voiced frames."""
+    rt = roundtrips.world_compact_roundtrip(speech, SR)
+    assert rt.decoded.shape == speech.shape and rt.bits == 0
+    lag = qm.estimate_lag(speech, rt.decoded, SR)
+    assert abs(lag) < SR * 0.005
+    s = qm.score(speech, qm.align(rt.decoded, lag, len(speech)), SR)
+    assert s["stoi"] > 0.8, s
+    f0_ref, voiced_ref = qm.pitch_track(speech, SR)
+    f0_dec, voiced_dec = qm.pitch_track(rt.decoded, SR)
+    agreement = qm.pitch_agreement(f0_ref, voiced_ref, f0_dec, voiced_dec).summary()
+    assert agreement["gross_error"] < 0.2, agreement
+
+
 # ---- the benchmark's own logic --------------------------------------------------------------------
 
 def _summary(group, setting, stoi, pesq, ovrl):
