@@ -17,7 +17,7 @@ Systems (one table row each; rvqlm/quality/roundtrips.py):
 * codec2 (8 kHz narrowband; 450PWB decodes to 16 kHz) in its modes 3200..450 bit/s. Measured
   kbps = the size of the bit file, whose frames are padded to whole bytes.
 * original: the reference files themselves, DNSMOS only (the no-reference columns' reference point).
-* WORLD compact from the original: the source-filter design's ceiling (`world_compact_roundtrip`),
+* WORLD compact oracle: the source-filter design's ceiling (`world_compact_roundtrip`),
   the reference analysed into 20 ms vocoder parameters and resynthesized; no bits (an oracle).
   Left out, with a note, when pyworld or pysptk is not installed.
 
@@ -107,7 +107,7 @@ def run_benchmark(codec, files: list[Path], opus_kbps: list[float], codec2_modes
     rows += [Row("ours", f"N_c={k}", codec.bitrate_kbps(k), "ours", k) for k in range(1, codec.n_codebooks + 1)]
     rows += [Row("opus", f"{k:g}k voip", k, "opus", k) for k in opus_kbps]
     rows += [Row("codec2", mode, CODEC2_MODES[mode], "codec2", mode) for mode in codec2_modes]
-    rows += [Row("WORLD compact", "from orig.", float("nan"), "oracle", None)] if oracle else []
+    rows += [Row("WORLD compact", "oracle", float("nan"), "oracle", None)] if oracle else []
     with tempfile.TemporaryDirectory(prefix="codec_quality_") as tmp:
         workdir = Path(tmp)
         for path in tqdm(files, desc="files", unit="file", disable=not progress, dynamic_ncols=True):

@@ -308,8 +308,8 @@ def test_codec_quality_end_to_end_on_a_tiny_random_codec(tmp_path, capsys):
     result = json.loads(out.read_text())
     rows = {(r["system"], r["setting"]): r for r in result["rows"]}
     assert set(rows) == {("original", ""), ("ours", "N_c=1"), ("ours", "N_c=2"), ("ours", "N_c=3"),
-                         ("opus", "6k voip"), ("codec2", "1200"), ("WORLD compact", "from orig.")}
-    oracle = rows[("WORLD compact", "from orig.")]
+                         ("opus", "6k voip"), ("codec2", "1200"), ("WORLD compact", "oracle")}
+    oracle = rows[("WORLD compact", "oracle")]
     assert oracle["metrics"]["stoi"] > 0.8 and math.isnan(oracle["kbps"])  # the ceiling: no bits
     original = rows[("original", "")]["metrics"]
     assert 1 <= original["dnsmos_ovrl"] <= 5 and math.isnan(original["pesq"])  # DNSMOS only: the ceiling
