@@ -35,6 +35,7 @@ import argparse
 import math
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -46,7 +47,13 @@ import torch
 from rvqlm.cli import run_script
 from rvqlm.quality.metrics import align, dnsmos, estimate_lag, have_package, mean_scores, score
 from rvqlm.quality.roundtrips import (CODEC2_MODES, OPUS_FLOOR_KBPS, SAMPLE_RATE, codec2_roundtrip, opus_roundtrip,
-                                      ours_roundtrip, pick_files, world_compact_roundtrip)
+                                      ours_roundtrip, pick_files)
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: benchmarks/ is a package of the repository
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.world_oracle import world_compact_roundtrip  # noqa: E402
 
 
 @dataclass

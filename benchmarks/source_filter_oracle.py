@@ -20,6 +20,7 @@ and voicing: "rvq N_c=k" codes k - 1 envelope stages, k * 10 bits a frame. Needs
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,8 +30,14 @@ import torch
 
 from rvqlm.cli import run_script
 from rvqlm.quality.metrics import align, estimate_lag, score
-from rvqlm.quality.roundtrips import (SAMPLE_RATE, WORLD_F0_RANGE, WORLD_FRAME_MS, WORLD_MCEP_ALPHA, WORLD_MCEP_ORDER,
-                              codec2_roundtrip, pick_files, quantize_log_f0)
+from rvqlm.quality.roundtrips import SAMPLE_RATE, codec2_roundtrip, pick_files
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: benchmarks/ is a package of the repository
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.world_oracle import (WORLD_F0_RANGE, WORLD_FRAME_MS, WORLD_MCEP_ALPHA,  # noqa: E402
+                                     WORLD_MCEP_ORDER, quantize_log_f0)
 
 HOP = int(SAMPLE_RATE * WORLD_FRAME_MS / 1000)
 METRICS = ("stoi", "pesq", "dnsmos_ovrl")
