@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: benchmarks/ is a package of the repository
     sys.path.insert(0, str(REPO))
 
-from benchmarks.world_oracle import (WORLD_F0_RANGE, WORLD_FRAME_MS, WORLD_MCEP_ALPHA,  # noqa: E402
-                                     WORLD_MCEP_ORDER, quantize_log_f0)
+from benchmarks.world_oracle import (WORLD_F0_RANGE, WORLD_FRAME_MS, WORLD_MCEP_ORDER,  # noqa: E402
+                                     compact_params, harvest_f0, quantize_log_f0, synthesize_compact)
 
 HOP = int(SAMPLE_RATE * WORLD_FRAME_MS / 1000)
 METRICS = ("stoi", "pesq", "dnsmos_ovrl")
@@ -49,7 +49,7 @@ def f0_track(x: np.ndarray, method: str) -> np.ndarray:
 
     lo, hi = WORLD_F0_RANGE
     if method == "harvest":
-        return pyworld.harvest(x, SAMPLE_RATE, f0_floor=lo, f0_ceil=hi, frame_period=WORLD_FRAME_MS)[0]
+        return harvest_f0(x, SAMPLE_RATE)
     if method == "dio":
         f0, t = pyworld.dio(x, SAMPLE_RATE, f0_floor=lo, f0_ceil=hi, frame_period=WORLD_FRAME_MS)
         return pyworld.stonemask(x, f0, t, SAMPLE_RATE)
@@ -94,21 +94,18 @@ def _mel_points(n_fft: int, bands: int) -> tuple[np.ndarray, np.ndarray]:
 
 def resynthesize(x: np.ndarray, f0: np.ndarray, envelope: str) -> np.ndarray:
     """WORLD resynthesis of x from the given F0 and an envelope kept as "mcep" or "mel<N>"."""
-    import pysptk
     import pyworld
 
+    if envelope == "mcep":
+        return synthesize_compact(f0, compact_params(x, f0, SAMPLE_RATE), SAMPLE_RATE, len(x))
     t = np.arange(len(f0)) * WORLD_FRAME_MS / 1000
     n_fft = pyworld.get_cheaptrick_fft_size(SAMPLE_RATE, WORLD_F0_RANGE[0])
     sp = pyworld.cheaptrick(x, f0, t, SAMPLE_RATE, fft_size=n_fft)
     ap = pyworld.decode_aperiodicity(pyworld.code_aperiodicity(pyworld.d4c(x, f0, t, SAMPLE_RATE), SAMPLE_RATE),
                                      SAMPLE_RATE, n_fft)
-    if envelope == "mcep":
-        sp = pysptk.mc2sp(pysptk.sp2mc(sp, WORLD_MCEP_ORDER, WORLD_MCEP_ALPHA), WORLD_MCEP_ALPHA, n_fft)
-    else:
-        points, bins = _mel_points(n_fft, int(envelope[3:]))
-        log_sp = np.log(sp)
-        coarse = np.stack([np.interp(points, bins, row) for row in log_sp])  # [T, bands]
-        sp = np.exp(np.stack([np.interp(bins, points, row) for row in coarse]))
+    points, bins = _mel_points(n_fft, int(envelope[3:]))
+    coarse = np.stack([np.interp(points, bins, row) for row in np.log(sp)])  # [T, bands]
+    sp = np.exp(np.stack([np.interp(bins, points, row) for row in coarse]))
     y = pyworld.synthesize(quantize_log_f0(f0), np.ascontiguousarray(sp), ap, SAMPLE_RATE, WORLD_FRAME_MS)
     return y[: len(x)].astype(np.float32)
 
@@ -123,21 +120,12 @@ def pitch_errors(f0: np.ndarray, ref: np.ndarray) -> dict[str, float]:
             "voicing_agree": float(np.mean((f0 > 0) == (ref > 0))), "frames_both": int(both.sum())}
 
 
-def frame_params(x: np.ndarray, f0: np.ndarray) -> np.ndarray:
-    """[T, 25 mel-cepstrum + coded aperiodicity bands] of x at WORLD's frames, given its F0."""
-    import pysptk
-    import pyworld
-
-    t = np.arange(len(f0)) * WORLD_FRAME_MS / 1000
-    sp = pyworld.cheaptrick(x, f0, t, SAMPLE_RATE, f0_floor=WORLD_F0_RANGE[0])
-    bap = pyworld.code_aperiodicity(pyworld.d4c(x, f0, t, SAMPLE_RATE), SAMPLE_RATE)
-    return np.concatenate([pysptk.sp2mc(sp, WORLD_MCEP_ORDER, WORLD_MCEP_ALPHA), bap], 1)
-
-
 class ParamRVQ:
-    """Residual k-means codebooks over frame_params vectors (the aperiodicity scaled by 1/10)."""
+    """Residual k-means codebooks over compact_params vectors (the aperiodicity scaled by 1/10)."""
 
     def __init__(self, frames: np.ndarray, stages: int, size: int = 1024, iters: int = 25, seed: int = 0):
+        if len(frames) < size:
+            raise ValueError(f"{len(frames)} frames cannot fit {size} codes a stage: fit on more files")
         gen = torch.Generator().manual_seed(seed)
         self.scale = torch.ones(frames.shape[1])
         self.scale[WORLD_MCEP_ORDER + 1:] = 10.0
@@ -170,22 +158,15 @@ def fit_rvq(corpora: list[str], n_files: int, stages: int) -> ParamRVQ:
     for corpus in corpora:
         for path in pick_files(corpus_files(corpus, "train"), n_files, 1.0):
             x = load_audio(path, SAMPLE_RATE, 1)[0].numpy().astype(np.float64)
-            frames.append(frame_params(x, f0_track(x, "harvest")))
+            frames.append(compact_params(x, harvest_f0(x, SAMPLE_RATE), SAMPLE_RATE))
     print(f"RVQ fitted on {sum(len(f) for f in frames)} frames of {len(frames)} train files", flush=True)
     return ParamRVQ(np.concatenate(frames), stages)
 
 
 def rvq_resynthesize(x: np.ndarray, f0: np.ndarray, rvq: ParamRVQ, stages: int) -> np.ndarray:
-    """x coded as frame_params -> RVQ with `stages` envelope codebooks, F0 as 6-bit log-F0, resynthesized."""
-    import pysptk
-    import pyworld
-
-    q = rvq.roundtrip(frame_params(x, f0), stages)
-    n_fft = pyworld.get_cheaptrick_fft_size(SAMPLE_RATE, WORLD_F0_RANGE[0])
-    sp = pysptk.mc2sp(np.ascontiguousarray(q[:, :WORLD_MCEP_ORDER + 1]), WORLD_MCEP_ALPHA, n_fft)
-    ap = pyworld.decode_aperiodicity(np.ascontiguousarray(q[:, WORLD_MCEP_ORDER + 1:]), SAMPLE_RATE, n_fft)
-    y = pyworld.synthesize(quantize_log_f0(f0), np.ascontiguousarray(sp), ap, SAMPLE_RATE, WORLD_FRAME_MS)
-    return y[: len(x)].astype(np.float32)
+    """x coded as compact_params -> RVQ with `stages` envelope codebooks, F0 as 6-bit log-F0, resynthesized."""
+    coded = rvq.roundtrip(compact_params(x, f0, SAMPLE_RATE), stages)
+    return synthesize_compact(f0, coded, SAMPLE_RATE, len(x))
 
 
 def _paired(a: list[float], b: list[float]) -> str:
@@ -197,7 +178,7 @@ def run(files: list[Path], estimators: list[str], envelopes: list[str], rvq: Par
     from codec.audio import load_audio
 
     systems = ["codec2 3200"] + [f"{e}+{v}" for e in estimators for v in envelopes if e != "pyin"]
-    n_cs = [4, len(rvq.books) + 1] if rvq else []
+    n_cs = sorted({min(4, len(rvq.books) + 1), len(rvq.books) + 1}) if rvq else []
     systems += [f"rvq N_c={k}" for k in n_cs]
     scores = {s: [] for s in systems}
     pitch = {e: [] for e in estimators if e != "pyin"}
@@ -270,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{' and '.join(MIXED)} need --estimators harvest and yin too")
     if any(v != "mcep" and not (v.startswith("mel") and v[3:].isdigit()) for v in args.envelopes):
         p.error("--envelopes takes mcep or melN (N log-mel bands)")
+    if args.rvq_stages < 1 or args.rvq_fit_files < 0:
+        p.error("--rvq-stages must be >= 1 and --rvq-fit-files >= 0")
     torch.set_num_threads(1)
     from rvqlm.corpora.folder import corpus_files
 
