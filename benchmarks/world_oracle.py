@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from codec.world_analysis import (WORLD_F0_RANGE, WORLD_FRAME_MS, WORLD_MCEP_ALPHA, WORLD_MCEP_ORDER,  # noqa: F401
+                                  compact_params, harvest_f0)
 from rvqlm.quality.roundtrips import Roundtrip
 
-WORLD_FRAME_MS = 20.0  # one vocoder frame per codec frame (50 frames/s)
-WORLD_MCEP_ORDER = 24  # mel-cepstrum order: 25 coefficients a frame
-WORLD_MCEP_ALPHA = 0.42  # frequency warping of the mel-cepstrum at 16 kHz
-WORLD_F0_RANGE = (50.0, 550.0)  # Hz: the span of the log-F0 quantizer and of the F0 search
 WORLD_F0_BITS = 6
 
 
@@ -23,26 +21,6 @@ def quantize_log_f0(f0: np.ndarray, bits: int = WORLD_F0_BITS, f0_range=WORLD_F0
     voiced = f0 > 0
     index = np.round((np.log(np.clip(f0, *f0_range)) - lo) / (hi - lo) * levels)
     return np.where(voiced, np.exp(lo + index / levels * (hi - lo)), 0.0)
-
-
-def harvest_f0(x: np.ndarray, sample_rate: int) -> np.ndarray:
-    """Harvest's F0 (Hz, 0 = unvoiced) of float64 `x` at frames t_j = j * 20 ms."""
-    import pyworld
-
-    lo, hi = WORLD_F0_RANGE
-    return pyworld.harvest(x, sample_rate, f0_floor=lo, f0_ceil=hi, frame_period=WORLD_FRAME_MS)[0]
-
-
-def compact_params(x: np.ndarray, f0: np.ndarray, sample_rate: int) -> np.ndarray:
-    """[T, 25 mel-cepstrum + coded aperiodicity bands] of float64 `x` at the frames of `f0` [T]:
-    CheapTrick's envelope as a 24-order mel-cepstrum, D4C's aperiodicity coded in WORLD's bands."""
-    import pysptk
-    import pyworld
-
-    t = np.arange(len(f0)) * WORLD_FRAME_MS / 1000
-    envelope = pyworld.cheaptrick(x, f0, t, sample_rate, f0_floor=WORLD_F0_RANGE[0])  # [T, n_fft / 2 + 1]
-    coded_ap = pyworld.code_aperiodicity(pyworld.d4c(x, f0, t, sample_rate), sample_rate)  # [T, bands]
-    return np.concatenate([pysptk.sp2mc(envelope, WORLD_MCEP_ORDER, WORLD_MCEP_ALPHA), coded_ap], 1)
 
 
 def synthesize_compact(f0: np.ndarray, params: np.ndarray, sample_rate: int, length: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 ROLES = ("encoder", "decoder")
-_BUILTIN_MODULES = ("codec.seanet", "codec.istft_decoder")  # the parts that ship with rvqlm
+_BUILTIN_MODULES = ("codec.seanet", "codec.istft_decoder", "codec.source_filter_parts")  # the parts that ship with rvqlm
 _REGISTRY: dict[str, dict[str, tuple[type, type]]] = {role: {} for role in ROLES}
 
 

@@ -1,6 +1,7 @@
 """`rvqlm train-codec`, `rvqlm reconstruct`, `rvqlm encode`, `rvqlm decode`.
 
     rvqlm train-codec --config recipes/codec_speech.yaml [LightningCLI overrides, --ckpt_path CKPT]
+    rvqlm train-source-filter recipes/codec_source_filter.yaml    (the source-filter codec: regression, no GAN)
     rvqlm reconstruct IN.wav OUT.wav --codec DIR [--n-codebooks k] [--stream [--chunk-ms 20]]
     rvqlm encode IN.wav OUT.rvq --codec DIR [--n-codebooks k]
     rvqlm decode IN.rvq OUT.wav --codec DIR
@@ -25,6 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="train a codec with LightningCLI (e.g. --config recipes/codec_speech.yaml)")
     p.add_argument("lightning_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("train-source-filter", help="train the source-filter codec from a recipe (WORLD targets, "
+                                                   "an analysis network, k-means codebooks; each step resumes)")
+    p.add_argument("recipe", help="e.g. recipes/codec_source_filter.yaml")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.set_defaults(func=_train_source_filter)
 
     p = sub.add_parser("export-codec", help="Lightning checkpoint of a codec run -> from_pretrained folder")
     p.add_argument("checkpoint", help="e.g. runs/codec_speech/version_0/checkpoints/last.ckpt, or a saved "
@@ -72,6 +79,16 @@ def _train(args: argparse.Namespace) -> int:
     from codec.training import train_codec
 
     train_codec(args.lightning_args)
+    return 0
+
+
+def _train_source_filter(args: argparse.Namespace) -> int:
+    import torch
+
+    from codec.source_filter_training import train_source_filter
+
+    torch.set_num_threads(args.threads)
+    train_source_filter(args.recipe)
     return 0
 
 

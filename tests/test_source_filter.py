@@ -1,0 +1,171 @@
+"""The source-filter codec (codec.source_filter, codec.source_filter_parts, codec.source_filter_training):
+its synthesis follows WORLD's definitions (mel-cepstrum, coded aperiodicity, pulse + noise excitation),
+streams exactly, carries the pitch in its first codebook, and trains from a recipe through the CLI."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from codec import Codec, CodecConfig
+from codec.audio import load_audio
+from codec.source_filter_net import F0_BINS, class_to_f0, f0_to_class
+from codec.source_filter import SourceFilterSynth, SynthStream, aperiodicity_db, mcep_matrix
+from codec.source_filter_parts import LATENT_DIM, f0_of_pitch, pitch_codebook, pitch_of_class
+from codec.source_filter_training import fit_quantizer
+from codec.streaming import stream_roundtrip
+from rvqlm.cli import main
+from rvqlm_core.token_shards import TokenShards
+
+SR, HOP = 16000, 320
+
+
+def _config(**decoder) -> CodecConfig:
+    return CodecConfig.from_dict({"latent_dim": LATENT_DIM, "encoder": {"kind": "source_filter", "width": 32,
+                                                                        "layers": 2},
+                                  "quantizer": {"n_codebooks": 4, "codebook_size": 300, "kmeans_init": False,
+                                                "dropout": 0.0},
+                                  "decoder": {"kind": "source_filter", **decoder}})
+
+
+def _track(frames: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A speech-like parameter track: voiced stretches with gliding F0 between unvoiced ones."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(frames, dtype=torch.float32)
+    f0 = 120 + 40 * torch.sin(t / 7)
+    f0[(t // 11) % 3 == 2] = 0.0
+    mcep = 0.3 * torch.randn(frames, 25, generator=g) / (1 + torch.arange(25.0))
+    mcep[:, 0] += -4.0
+    ap = -20 + 5 * torch.randn(frames, generator=g)
+    return f0, mcep, ap
+
+
+def test_mcep_matrix_is_the_mel_cepstrum_of_sptk():
+    """SPTK's mc2sp: the power spectrum of a mel-cepstrum (all-pass warping alpha) is exp(2 x this @ c)."""
+    pysptk = pytest.importorskip("pysptk")
+    mc = np.random.RandomState(0).randn(4, 25) * 0.3
+    mc[:, 0] -= 5
+    power = torch.exp(2 * torch.from_numpy(mc).float() @ mcep_matrix(1024).T).numpy()
+    np.testing.assert_allclose(np.log(power), np.log(pysptk.mc2sp(mc, 0.42, 1024)), atol=1e-4)
+
+
+def test_aperiodicity_decodes_as_worlds_decode_aperiodicity():
+    pyworld = pytest.importorskip("pyworld")
+    coded = np.array([[-25.0], [-8.0], [-0.5]])
+    ours = torch.pow(10, aperiodicity_db(torch.tensor(coded[:, 0]).float(), 1024, SR) / 20).numpy()
+    np.testing.assert_allclose(ours, pyworld.decode_aperiodicity(coded, SR, 1024), atol=5e-4)
+
+
+@pytest.mark.parametrize("chunks", [[1] * 30, [7, 0, 13, 10], [30]])
+def test_synthesis_streams_as_it_synthesizes_offline(chunks):
+    f0, mcep, ap = _track(30)
+    synth = SourceFilterSynth()
+    offline = synth.synthesize(f0, mcep, ap)
+    assert offline.shape == (30 * HOP,)
+    stream, out, at = SynthStream(synth), [], 0
+    for n in chunks:
+        out.append(stream.push(f0[at:at + n], mcep[at:at + n], ap[at:at + n]))
+        at += n
+    out.append(stream.flush())
+    streamed = torch.cat(out)
+    assert streamed.shape == offline.shape
+    assert (streamed - offline).abs().max() < 1e-5
+
+
+def test_voiced_frames_have_the_pitch_and_unvoiced_frames_the_envelopes_power():
+    """WORLD's excitation: pulses one period apart, sqrt(period) x the periodic response, so the power is
+    the envelope's; unvoiced frames are noise of the same power."""
+    frames = 50
+    mcep = torch.zeros(frames, 25)
+    mcep[:, 0] = math.log(0.1)  # a flat envelope of amplitude 0.1 per bin: power 0.01
+    for f0, ap in ((200.0, -60.0), (0.0, 0.0)):
+        y = SourceFilterSynth().synthesize(torch.full((frames,), f0), mcep, torch.full((frames,), ap))[2000:-2000]
+        power = float(y.pow(2).mean())
+        assert 0.006 < power < 0.014, (f0, power)
+        ac = np.correlate(y.numpy(), y.numpy(), "full")[len(y) - 1:]
+        peak = 40 + int(np.argmax(ac[40:400]))  # lags of 40..400 samples: 40..400 Hz
+        if f0:
+            assert peak == SR // 200
+        else:
+            assert ac[peak] < 0.2 * ac[0]  # noise: no period
+
+
+def test_the_first_codebook_is_the_f0_stream():
+    cls = torch.arange(1 + F0_BINS)
+    assert torch.equal(f0_to_class(class_to_f0(cls)), cls)
+    np.testing.assert_allclose(f0_of_pitch(pitch_of_class(cls)), class_to_f0(cls), rtol=1e-5)
+    book = pitch_codebook(1024)
+    latent = torch.zeros(1 + F0_BINS, LATENT_DIM)
+    latent[:, 0] = pitch_of_class(cls)
+    latent[:, 1:] = torch.randn(1 + F0_BINS, LATENT_DIM - 1)  # the envelope does not move the F0 code
+    q = Codec(_config()).quantizer
+    q.embed[0] = book[:300]
+    assert torch.equal(q.encode(latent.T[None], n_q=1)[0, 0], cls)
+
+
+@pytest.fixture(scope="module")
+def sf_codec(speech_files, tmp_path_factory) -> Path:
+    """A small source-filter codec: random analysis network, quantizer fitted on two real files."""
+    torch.manual_seed(0)
+    codec = Codec(_config()).eval()
+    items = [{"wav": load_audio(f, SR, 1)[0]} for f in speech_files["train"][:2]]
+    fit_quantizer(codec, items, frames=20000, iters=2, seed=0)
+    return codec.save_pretrained(tmp_path_factory.mktemp("sf") / "codec", decoder_dtype="float16")
+
+
+def test_a_source_filter_codec_encodes_decodes_any_k_and_streams(sf_codec, speech_files):
+    codec = Codec.from_pretrained(sf_codec)
+    wav = load_audio(speech_files["valid"][0], SR, 1)[None, :, : 3 * SR]
+    codes = codec.encode(wav)
+    assert codes.shape == (1, 4, 3 * SR // HOP) and int(codes[:, 0].max()) <= F0_BINS
+    for k in range(1, 5):
+        assert codec.decode(codes[:, :k]).shape == (1, 1, 3 * SR)
+    offline = codec.decode(codes)
+    streamed, _ = stream_roundtrip(codec, wav, chunk=321)
+    assert (streamed - offline).abs().max() < 1e-4
+    assert codec.streaming_decoder().latency_ms == 40.0  # the frame, then the next frame's look-ahead
+
+
+def test_tokenize_gives_the_whole_file_codes(sf_codec, speech_files, tmp_path):
+    src = tmp_path / "audio"
+    src.mkdir()
+    for f in speech_files["valid"][:3]:
+        shutil.copy(f, src / f.name)
+    out = tmp_path / "tokens"
+    assert main(["tokenize", str(src), str(out), "--codec", str(sf_codec), "--chunk-seconds", "0.5"]) == 0
+    codec = Codec.from_pretrained(sf_codec)
+    shards = TokenShards.open(out, verify=True)
+    for entry in shards.entries:
+        ref = codec.encode(load_audio(src / entry.path, SR, 1)[None])[0].T.numpy()
+        np.testing.assert_array_equal(np.asarray(shards.read(entry)), ref)
+
+
+def test_the_parts_refuse_another_frame_grid():
+    with pytest.raises(ValueError, match="latent_dim 27"):
+        CodecConfig.from_dict({"latent_dim": 8, "encoder": {"kind": "source_filter"}})
+
+
+def test_train_source_filter_runs_from_a_recipe_and_resumes(speech_files, tmp_path, capsys):
+    pytest.importorskip("pyworld")
+    corpus = tmp_path / "corpus"
+    for split in ("train", "valid"):
+        (corpus / split).mkdir(parents=True)
+        for f in speech_files[split][:2]:
+            shutil.copy(f, corpus / split / f.name)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"corpora: [{corpus}]\nrun_dir: {tmp_path / 'run'}\nsteps: 4\nbatch: 2\ncheckpoint_every: 2\n"
+                      "kmeans_frames: 2000\nkmeans_iters: 2\nworkers: 1\n"
+                      "codec: {encoder: {kind: source_filter, width: 16, layers: 1}}\n")
+    assert main(["train-source-filter", str(recipe), "--threads", "1"]) == 0
+    codec = Codec.from_pretrained(tmp_path / "run" / "pretrained")
+    assert codec.n_codebooks == 8 and codec.config.decoder.kind == "source_filter"
+    assert main(["train-source-filter", str(recipe), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "4 of 4 files analysed already" in out and "resumed at step 4 of 4" in out
+    again = Codec.from_pretrained(tmp_path / "run" / "pretrained")
+    assert again.token_fingerprint() == codec.token_fingerprint()
