@@ -15,7 +15,8 @@ import torch
 from codec import Codec, CodecConfig
 from codec.audio import load_audio
 from codec.source_filter_net import F0_BINS, class_to_f0, f0_to_class
-from codec.source_filter import SourceFilterSynth, SynthStream, aperiodicity_db, mcep_matrix
+from codec.source_filter import (SourceFilterSynth, SynthStream, aperiodicity_db, cheaptrick, mcep_fit_matrix,
+                                 mcep_matrix)
 from codec.source_filter_parts import LATENT_DIM, f0_of_pitch, pitch_codebook, pitch_of_class
 from codec.source_filter_training import fit_quantizer
 from codec.streaming import stream_roundtrip
@@ -59,6 +60,23 @@ def test_aperiodicity_decodes_as_worlds_decode_aperiodicity():
     coded = np.array([[-25.0], [-8.0], [-0.5]])
     ours = torch.pow(10, aperiodicity_db(torch.tensor(coded[:, 0]).float(), 1024, SR) / 20).numpy()
     np.testing.assert_allclose(ours, pyworld.decode_aperiodicity(coded, SR, 1024), atol=5e-4)
+
+
+def test_cheaptrick_is_worlds_and_its_mel_cepstrum_is_sptks(speech_files):
+    """WORLD's CheapTrick (F0-adaptive window, DC correction, 2 F0 / 3 smoothing, liftering with q1 =
+    -0.15) at Harvest's F0, and SPTK's sp2mc of it, away from the file's edges (WORLD repeats the edge
+    sample where we pad zeros)."""
+    pyworld = pytest.importorskip("pyworld")
+    pysptk = pytest.importorskip("pysptk")
+    x = load_audio(speech_files["valid"][1], SR, 1)[0, : 2 * SR].double()
+    f0 = pyworld.harvest(x.numpy(), SR, f0_floor=50.0, f0_ceil=550.0, frame_period=20.0)[0]
+    ref = pyworld.cheaptrick(x.numpy(), f0, np.arange(len(f0)) * 0.02, SR, f0_floor=50.0)
+    ours = cheaptrick(x, torch.from_numpy(f0))
+    inner = slice(2, len(f0) - 2)
+    db = 10 / math.log(10) * (ours.double().numpy() - np.log(ref))[inner]
+    assert np.sqrt((db ** 2).mean(1)).max() < 0.05
+    mc = (0.5 * ours[inner]) @ mcep_fit_matrix().T
+    np.testing.assert_allclose(mc.numpy(), pysptk.sp2mc(ref[inner], 24, 0.42), atol=0.02)
 
 
 @pytest.mark.parametrize("chunks", [[1] * 30, [7, 0, 13, 10], [30]])
