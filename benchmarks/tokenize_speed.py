@@ -199,7 +199,7 @@ def main() -> None:
                                                                    args.workers, args.threads, args.batch_seconds)[0]))
 
     cfg = codec.config
-    print(f"codec: {cfg.sample_rate} Hz, hop {codec.hop_length}, encoder_channels {cfg.encoder_channels}, "
+    print(f"codec: {cfg.sample_rate} Hz, hop {codec.hop_length}, encoder {cfg.encoder.kind}, "
           f"N_c={codec.n_codebooks}, |V|={codec.codebook_size}, causal={cfg.causal}"
           f"{' (random weights)' if args.codec is None else ''}")
     print(f"cpus: {os.cpu_count()}, workers: {args.workers}, batch_seconds: {args.batch_seconds}, "

@@ -1,9 +1,11 @@
 """`rvqlm train-source-filter RECIPE`: the source-filter codec (codec.source_filter_parts) trained with
 plain regression, in three resumable steps under the recipe's `run_dir`:
 
-  1. targets/   every training and validation file analysed by WORLD (codec.world_analysis: Harvest F0,
-                mel-cepstrum, coded aperiodicity; one .npz a file, written atomically, skipped once there);
-  2. encoder.pt the analysis network trained on them: cross-entropy on F0 classes (Gaussian-smoothed over
+  1. targets/   every training and validation file analysed (codec.world_analysis: Harvest's and pYIN's
+                F0, WORLD's mel-cepstrum and coded aperiodicity; one .npz a file, written atomically,
+                skipped once there);
+  2. encoder.pt the analysis network trained on them: cross-entropy on the classes of `target_f0`
+                (Harvest's voicing, pYIN's F0 values; Gaussian-smoothed over
                 neighbouring bins, unvoiced a class of its own) + squared error on the aperiodicity
                 (dB / 10), AdamW with a one-cycle schedule; checkpointed, resumed;
   3. the quantizer: codebook 1 the F0 grid, codebooks 2..N_c residual k-means of the encoder's latents
@@ -100,8 +102,11 @@ def target_path(run_dir: Path, audio: Path) -> Path:
     return run_dir / "targets" / f"{key}.npz"
 
 
+TARGET_FIELDS = ("f0", "f0_pyin", "params")
+
+
 def _analyse(job: tuple[str, str]) -> str | None:
-    from codec.world_analysis import compact_params, harvest_f0
+    from codec.world_analysis import compact_params, harvest_f0, pyin_f0
 
     audio, dest = job
     try:
@@ -110,17 +115,36 @@ def _analyse(job: tuple[str, str]) -> str | None:
         return f"{audio}: {e}"
     if len(wav) < 2 * HOP:
         return f"{audio}: shorter than 40 ms"
-    f0 = harvest_f0(wav, SAMPLE_RATE)
-    params = compact_params(wav, f0, SAMPLE_RATE)
+    found = _read_target(Path(dest))  # a target written before pYIN was added keeps its WORLD analysis
+    f0 = found["f0"] if found else harvest_f0(wav, SAMPLE_RATE)
+    params = found["params"] if found else compact_params(wav, f0, SAMPLE_RATE)
+    f0_pyin = pyin_f0(wav, SAMPLE_RATE, len(f0))
     with atomic_path(dest, ".npz") as tmp:
-        np.savez(tmp, f0=f0.astype(np.float32), params=params.astype(np.float32), path=str(audio))
+        np.savez(tmp, f0=np.asarray(f0, np.float32), f0_pyin=f0_pyin.astype(np.float32),
+                 params=np.asarray(params, np.float32), path=str(audio))
     return None
+
+
+def _read_target(path: Path) -> dict | None:
+    try:
+        with np.load(path) as d:
+            return {k: d[k] for k in d.files}
+    except (OSError, ValueError):
+        return None
+
+
+def _has_target(path: Path) -> bool:
+    try:
+        with np.load(path) as d:
+            return all(k in d.files for k in TARGET_FIELDS)
+    except (OSError, ValueError):
+        return False
 
 
 def make_targets(recipe: SourceFilterTraining, files: list[Path]) -> None:
     run_dir = Path(recipe.run_dir)
     (run_dir / "targets").mkdir(parents=True, exist_ok=True)
-    jobs = [(str(f), str(target_path(run_dir, f))) for f in files if not target_path(run_dir, f).exists()]
+    jobs = [(str(f), str(target_path(run_dir, f))) for f in files if not _has_target(target_path(run_dir, f))]
     print(f"targets: {len(files) - len(jobs)} of {len(files)} files analysed already", flush=True)
     with Pool(recipe.workers) as pool:
         for i, error in enumerate(pool.imap_unordered(_analyse, jobs, chunksize=4), 1):
@@ -131,16 +155,18 @@ def make_targets(recipe: SourceFilterTraining, files: list[Path]) -> None:
 
 
 def load_items(run_dir: Path, files: list[Path]) -> list[dict]:
-    """The analysed files: {wav [S], f0 [T], params [T, 26] (aperiodicity / AP_SCALE)}."""
+    """The analysed files: {wav [S], f0 [T] (`target_f0`), params [T, 26] (aperiodicity / AP_SCALE)}."""
+    from codec.world_analysis import target_f0
+
     items = []
     for f in files:
-        path = target_path(run_dir, f)
-        if not path.exists():
+        d = _read_target(target_path(run_dir, f))
+        if d is None or not all(k in d for k in TARGET_FIELDS):
             continue
-        with np.load(path) as d:
-            params = torch.from_numpy(d["params"]).clone()
-            params[:, -1] /= AP_SCALE
-            items.append({"wav": load_audio(f, SAMPLE_RATE, 1)[0], "f0": torch.from_numpy(d["f0"]), "params": params})
+        params = torch.from_numpy(d["params"]).clone()
+        params[:, -1] /= AP_SCALE
+        f0 = torch.from_numpy(target_f0(d["f0"], d["f0_pyin"]).astype(np.float32))
+        items.append({"wav": load_audio(f, SAMPLE_RATE, 1)[0], "f0": f0, "params": params})
     return items
 
 

@@ -3,6 +3,7 @@ the `train` extra) at one frame per codec frame (frame j centred on sample j * 3
 
     f0 = harvest_f0(x, sr)               # [T] Hz, 0 = unvoiced
     params = compact_params(x, f0, sr)   # [T, 26]: 24-order mel-cepstrum, WORLD's coded aperiodicity (dB)
+    f0 = target_f0(f0, pyin_f0(x, sr, len(f0)))   # the F0 the codec learns: Harvest's voicing, pYIN's values
 """
 
 from __future__ import annotations
@@ -40,3 +41,23 @@ def compact_params(x: np.ndarray, f0: np.ndarray, sample_rate: int) -> np.ndarra
     envelope = pyworld.cheaptrick(x, f0, t, sample_rate, f0_floor=WORLD_F0_RANGE[0])  # [T, n_fft / 2 + 1]
     coded_ap = pyworld.code_aperiodicity(pyworld.d4c(x, f0, t, sample_rate), sample_rate)  # [T, bands]
     return np.concatenate([pysptk.sp2mc(envelope, WORLD_MCEP_ORDER, WORLD_MCEP_ALPHA), coded_ap], 1)
+
+
+def pyin_f0(x: np.ndarray, sample_rate: int, frames: int) -> np.ndarray:
+    """Probabilistic YIN's F0 (librosa; Hz, 0 = unvoiced) of `x` at frames t_j = j * 20 ms, [frames]."""
+    try:
+        import librosa
+    except ImportError as e:
+        raise ImportError("the F0 targets need librosa: pip install -e '.[train]'") from e
+    hop = int(sample_rate * WORLD_FRAME_MS / 1000)
+    f0, voiced, _ = librosa.pyin(np.asarray(x, np.float64), fmin=WORLD_F0_RANGE[0], fmax=WORLD_F0_RANGE[1],
+                                 sr=sample_rate, frame_length=1 << int(np.ceil(np.log2(0.064 * sample_rate))),
+                                 hop_length=hop)  # a 64 ms window
+    f0 = np.where(voiced, np.nan_to_num(f0), 0.0)[:frames]
+    return np.pad(f0, (0, frames - len(f0)))
+
+
+def target_f0(harvest: np.ndarray, pyin: np.ndarray) -> np.ndarray:
+    """Harvest's voicing with pYIN's F0 where pYIN hears a pitch too (Harvest's elsewhere): WORLD's
+    best-sounding voicing, and a pitch that trackers agree on (docs/experiments.md, issue 38)."""
+    return np.where(harvest > 0, np.where(pyin > 0, pyin, harvest), 0.0)

@@ -163,6 +163,14 @@ def test_tokenize_gives_the_whole_file_codes(sf_codec, speech_files, tmp_path):
         np.testing.assert_array_equal(np.asarray(shards.read(entry)), ref)
 
 
+def test_the_f0_target_keeps_harvests_voicing_and_takes_pyins_values():
+    from codec.world_analysis import target_f0
+
+    harvest = np.array([0.0, 100.0, 200.0, 210.0, 0.0])
+    pyin = np.array([150.0, 0.0, 101.0, 105.0, 0.0])
+    np.testing.assert_array_equal(target_f0(harvest, pyin), [0.0, 100.0, 101.0, 105.0, 0.0])
+
+
 def test_the_parts_refuse_another_frame_grid():
     with pytest.raises(ValueError, match="latent_dim 27"):
         CodecConfig.from_dict({"latent_dim": 8, "encoder": {"kind": "source_filter"}})
