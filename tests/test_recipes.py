@@ -17,8 +17,10 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 SCRIPT = REPO / "scripts" / "train_shipped_models.sh"
 COMMANDS = {"codec": "train-codec", "lm": "train-lm"}
+SOURCE_FILTER = re.compile(r"(?:rvqlm|\$RVQLM) train-source-filter\s+(\S+)")  # one recipe, read by codec/source_filter_training.py
 USER_RECIPES = {"codec_tiny.yaml", "lm_tiny.yaml", "lm_demo.yaml", "codec_speech.yaml",  # + the shipped stages
-                "lm_speech_conditioned.yaml", "lm_text_bytes.yaml", "lm_masked_tiny.yaml", "lm_masked_speech.yaml"}
+                "lm_speech_conditioned.yaml", "lm_text_bytes.yaml", "lm_masked_tiny.yaml", "lm_masked_speech.yaml",
+                "codec_source_filter.yaml"}
 TEXT_TOKENS_DIR = "data/tokens/fillets-cs-16k-text-bytes"  # what `rvqlm corpus text-tokens` writes by default
 COMMAND = re.compile(r"(?:rvqlm|\$RVQLM) (train-codec|train-lm)((?:\s+--config\s+\S+)+)")
 
@@ -67,6 +69,9 @@ def shipped_tokens_dir() -> str:
 def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir):
     header = _header(recipe)
     assert 1 <= len(header) <= 3, f"{recipe.name}: a header of at most three lines, not {len(header)}"
+    if (runs := SOURCE_FILTER.findall("\n".join(header))):
+        _check_source_filter_recipe(recipe, runs)
+        return
     stacks = _stacks("\n".join(header))
     assert len(stacks) == 1, f"{recipe.name}: its header should show the one command that runs it"
     command, layers = stacks[0]
@@ -88,6 +93,24 @@ def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir)
         prepared = {"data/fillets-cs-16k", "data/voices-16k"}  # what `rvqlm corpus prepare fillets|voices` writes
         folders = data["corpus_dir"] if isinstance(data["corpus_dir"], list) else [data["corpus_dir"]]
         assert folders and set(folders) <= prepared, "the folders `rvqlm corpus prepare fillets` writes"
+
+
+def _check_source_filter_recipe(recipe: Path, runs: list[str]) -> None:
+    from codec.source_filter_training import read_recipe
+
+    assert runs == [str(recipe.relative_to(REPO))], f"{recipe.name}: its header runs {runs}"
+    settings = read_recipe(recipe)
+    settings.codec_config()  # builds every part's settings
+    assert set(settings.corpora) <= {"data/fillets-cs-16k", "data/voices-16k"}, "the folders `rvqlm corpus prepare` writes"
+
+
+def test_a_source_filter_recipe_with_an_unknown_key_is_refused(tmp_path):
+    from codec.source_filter_training import read_recipe
+
+    bad = tmp_path / "codec_bad.yaml"
+    bad.write_text((RECIPES / "codec_source_filter.yaml").read_text() + "no_such_setting: 1\n")
+    with pytest.raises(ValueError, match="no_such_setting"):
+        read_recipe(bad)
 
 
 def test_the_shipped_models_stages_parse_as_the_script_layers_them(capsys):
