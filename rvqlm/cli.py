@@ -28,6 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error_line(text: str) -> None:
+    """`text` and its newline in one write: ranks of one torchrun sharing a pipe cannot splice
+    their lines together (print writes the newline separately)."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -39,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
         if os.environ.get("RVQLM_DEBUG"):
             raise
-        print(f"rvqlm {args.command}: error: {e}", file=sys.stderr)
+        _error_line(f"rvqlm {args.command}: error: {e}")
         return 2
     return int(result or 0)
 
@@ -50,7 +57,7 @@ def run_script(script_main: Callable[[], int | None], name: str) -> NoReturn:
     try:
         sys.exit(script_main())
     except (ValueError, RuntimeError, FileNotFoundError) as e:
-        print(f"{name}: error: {e}", file=sys.stderr)
+        _error_line(f"{name}: error: {e}")
         sys.exit(1)
 
 
