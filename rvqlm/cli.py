@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except KeyboardInterrupt:
-        print("rvqlm: interrupted", file=sys.stderr)
+        _error_line("rvqlm: interrupted")
         return 130
     except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
         if os.environ.get("RVQLM_DEBUG"):

@@ -21,6 +21,7 @@ SOURCE_FILTER = re.compile(r"(?:rvqlm|\$RVQLM) train-source-filter\s+(\S+)")  # 
 USER_RECIPES = {"codec_tiny.yaml", "lm_tiny.yaml", "lm_demo.yaml", "codec_speech.yaml",  # + the shipped stages
                 "lm_speech_conditioned.yaml", "lm_text_bytes.yaml", "lm_masked_tiny.yaml", "lm_masked_speech.yaml",
                 "codec_source_filter.yaml"}
+PREPARED_CORPORA = {"data/fillets-cs-16k", "data/voices-16k"}  # what `rvqlm corpus prepare fillets|voices` writes
 TEXT_TOKENS_DIR = "data/tokens/fillets-cs-16k-text-bytes"  # what `rvqlm corpus text-tokens` writes by default
 COMMAND = re.compile(r"(?:rvqlm|\$RVQLM) (train-codec|train-lm)((?:\s+--config\s+\S+)+)")
 
@@ -90,9 +91,8 @@ def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir)
     elif command == "train-lm":
         assert data["tokens_dir"] == shipped_tokens_dir, "the token folder `make demo` writes"
     elif data.get("train_dir") is None:
-        prepared = {"data/fillets-cs-16k", "data/voices-16k"}  # what `rvqlm corpus prepare fillets|voices` writes
         folders = data["corpus_dir"] if isinstance(data["corpus_dir"], list) else [data["corpus_dir"]]
-        assert folders and set(folders) <= prepared, "the folders `rvqlm corpus prepare fillets` writes"
+        assert folders and set(folders) <= PREPARED_CORPORA, "the folders `rvqlm corpus prepare fillets` writes"
 
 
 def _check_source_filter_recipe(recipe: Path, runs: list[str]) -> None:
@@ -101,7 +101,7 @@ def _check_source_filter_recipe(recipe: Path, runs: list[str]) -> None:
     assert runs == [str(recipe.relative_to(REPO))], f"{recipe.name}: its header runs {runs}"
     settings = read_recipe(recipe)
     settings.codec_config()  # builds every part's settings
-    assert set(settings.corpora) <= {"data/fillets-cs-16k", "data/voices-16k"}, "the folders `rvqlm corpus prepare` writes"
+    assert set(settings.corpora) <= PREPARED_CORPORA, "the folders `rvqlm corpus prepare` writes"
 
 
 def test_a_source_filter_recipe_with_an_unknown_key_is_refused(tmp_path):
