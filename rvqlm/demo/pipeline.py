@@ -157,24 +157,34 @@ def load_codec(codec_dir: Path):
 
 def reconstruct(codec, prompts: list[Path], out: Path) -> Section:
     """Each prompt file and its reconstructions with 1, N_c / 2 and N_c codebooks, with their bitrate,
-    mel distance and SI-SDR."""
+    mel distance, STOI and wideband PESQ (after `estimate_lag` alignment: a decoder may make its own
+    phase, so no waveform-matching measure such as SI-SDR; "n/a" where pystoi or pesq is missing)."""
     from codec.audio import load_audio
-    from codec.losses import mel_distance, si_sdr
+    from codec.losses import mel_distance
+    from rvqlm.quality.metrics import align, estimate_lag, pesq_wb, stoi
 
     sr = codec.sample_rate
     ladder = sorted({1, max(1, codec.n_codebooks // 2), codec.n_codebooks})
     done = Section("Codec reconstructions", "Held-out lines through the codec at several bitrates.",
                    table_title="Reconstruction of held-out speech")
+
+    def shown(value: float, digits: int) -> str:
+        return "n/a" if value != value else f"{value:.{digits}f}"
+
     for i, f in enumerate(prompts):
         wav = load_audio(f, sr, codec.channels)  # [C, S]
         name = f"prompt{i + 1}"
         clips = [write_clip(out, f"{name}-original", wav, sr, f"original ({f.parent.name}/{f.name})", {})]
+        ref = wav.mean(0).numpy()
         for k in ladder:
             with torch.inference_mode():
                 rec = codec.decode(codec.encode(wav.unsqueeze(0), n_q=k))[0, :, : wav.shape[-1]]
+            dec = rec.mean(0).numpy()
+            dec = align(dec, estimate_lag(ref, dec, sr), len(ref))
             m = {"kbps": f"{codec.bitrate_kbps(k):.1f}",
                  "mel distance": f"{mel_distance(rec[None], wav[None], sr).item():.3f}",
-                 "SI-SDR dB": f"{si_sdr(rec[None], wav[None]).item():.1f}"}
+                 "STOI": shown(stoi(ref, dec, sr), 3),
+                 "PESQ": shown(pesq_wb(ref, dec, sr) if sr == 16000 else float("nan"), 2)}
             done.table.append({"clip": name, "codebooks": str(k), **m})
             clips.append(write_clip(out, f"{name}-recon-{k}cb", rec, sr, f"reconstruction, {k} codebooks", m))
         done.rows.append(clips)
