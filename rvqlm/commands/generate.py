@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lm", required=True, metavar="LM_DIR", help="an LM folder written by save_pretrained")
     p.add_argument("--codec", required=True, metavar="CODEC_DIR",
-                   help="the saved codec whose tokens the LM was trained on")
+                   help="the saved codec whose tokens the LM was trained on (rvqlm's own, or a Hugging Face "
+                        "EnCodec, DAC or Mimi folder)")
     p.add_argument("--prompt", default=None, metavar="AUDIO", help="audio to continue (default: none, start from bos)")
     p.add_argument("--prompt-seconds", type=float, default=None,
                    help="use only the first S seconds of the prompt (default: all of it)")
@@ -215,7 +216,7 @@ def _generate(args: argparse.Namespace) -> int:
     check_request(args)
     import torch
 
-    from codec import Codec
+    from codec.loading import load_codec
     from lm.trunk import load_lm
     from lm.generate import generate
 
@@ -224,8 +225,10 @@ def _generate(args: argparse.Namespace) -> int:
     lm_model = load_lm(args.lm, map_location=args.device)
     condition = check_condition(args, lm_model)
     options = family_options(args, lm_model)
-    codec = Codec.from_pretrained(args.codec, map_location=args.device)
+    codec = load_codec(args.codec, map_location=args.device)
     check_pair(lm_model, codec)
+    if args.stream and getattr(codec, "stream_refusal", None):
+        raise ValueError(codec.stream_refusal)
 
     if args.prompt is not None:
         prompt = load_prompt_codes(args.prompt, codec, lm_model, args.prompt_seconds)
