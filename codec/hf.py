@@ -42,13 +42,14 @@ BOOKKEEPING = ("transformers_version", "architectures", "dtype", "torch_dtype", 
 
 
 def hf_model_type(path: str | Path) -> str | None:
-    """The `model_type` of a Hugging Face model folder's config.json, or None for any other folder."""
+    """The `model_type` of a Hugging Face model folder's config.json, or None for any other folder (rvqlm's
+    own LM folders name theirs "rvqlm.…": not Hugging Face ones)."""
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         return None
     value = config.get("model_type") if isinstance(config, dict) else None
-    return value if isinstance(value, str) else None
+    return value if isinstance(value, str) and not value.startswith("rvqlm") else None
 
 
 def import_transformers():
