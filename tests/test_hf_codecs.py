@@ -207,6 +207,17 @@ def test_a_tiny_lm_of_mimi_tokens_continues_a_prompt(mimi_lm, hf_dirs, audio, tm
     assert np.abs(sf.read(str(out))[0]).max() > 0
 
 
+def test_eval_lm_scores_the_kept_codebooks_and_a_bad_count_is_refused(mimi_lm, tokens, tmp_path, capsys):
+    assert main(["eval-lm", "--lm", str(mimi_lm), "--tokens", str(tokens["mimi"]), "--unigram",
+                 "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert len(report["nll_per_codebook"]) == len(report["unigram_nll_per_codebook"]) == 4
+    err = _one_line_error(capsys, ["train-lm", "--config", str(REPO / "recipes" / "lm_tiny.yaml"), "--data.tokens_dir",
+                                   str(tokens["mimi"]), "--data.keep_codebooks", "9",
+                                   "--trainer.default_root_dir", str(tmp_path / "run")])
+    assert err.endswith(f"data.keep_codebooks must be in 1..8 (the codebooks of {tokens['mimi']}), got 9")
+
+
 def _one_line_error(capsys, args: list[str]) -> str:
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
