@@ -158,7 +158,8 @@ def test_two_torchrun_ranks_give_the_one_process_folder(hf_dirs, audio, tokens, 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_reconstruct_equals_the_reference_decode(family, hf_dirs, audio, tmp_path, monkeypatch):
     """`rvqlm reconstruct --n-codebooks 2`: the samples it writes (before 16-bit rounding) are the
-    reference decode of the reference's 2-codebook codes, within 1e-5; `encode` writes those codes."""
+    reference decode of the reference's 2-codebook codes, within 1e-5; `encode` writes those codes and
+    `decode` turns them into the same samples."""
     import codec.audio
 
     written = {}
@@ -180,6 +181,9 @@ def test_reconstruct_equals_the_reference_decode(family, hf_dirs, audio, tmp_pat
     assert main(["encode", str(src), str(rvq), "--codec", str(hf_dirs[family]), "--n-codebooks", "2"]) == 0
     got, header = read_rvq(rvq)
     assert torch.equal(got, codes) and header["codec_fingerprint"] == load_codec(hf_dirs[family]).token_fingerprint()
+    reconstructed = written.pop("wav")
+    assert main(["decode", str(rvq), str(tmp_path / "back.wav"), "--codec", str(hf_dirs[family])]) == 0
+    torch.testing.assert_close(written["wav"], reconstructed, atol=1e-5, rtol=0)
 
 
 @pytest.fixture(scope="module")
