@@ -100,7 +100,6 @@ class HFCodec(nn.Module):
     #: state-dict prefixes of the parts that only turn codes into audio (left out of the token fingerprint)
     DECODER_PREFIXES: tuple[str, ...] = ("decoder.",)
     tokenizes_whole_files = True
-    causal = False  # no chunk-by-chunk codec here: codec.streaming refuses it
 
     def __init__(self, model: nn.Module, source: str = "<model>"):
         super().__init__()
@@ -156,6 +155,12 @@ class HFCodec(nn.Module):
     @property
     def codebook_size(self) -> int:
         return int(self.model.config.codebook_size)
+
+    @property
+    def causal(self) -> bool:
+        """The model's own convolutions are causal (EnCodec 24 kHz, Mimi); rvqlm streams none of them all the
+        same (`stream_refusal`)."""
+        return bool(getattr(self.model.config, "use_causal_conv", False))
 
     @property
     def device(self) -> torch.device:
