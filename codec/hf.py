@@ -106,6 +106,13 @@ class HFCodec(nn.Module):
         self.model, self.source = model.eval(), source
         self.check_config(model.config)
 
+    def train(self, mode: bool = True) -> "HFCodec":
+        """Only eval mode: these models apply quantizer dropout in train mode (DAC), so codes would be random."""
+        if mode:
+            raise ValueError(f"the Hugging Face {self.family} codec is used for inference only in rvqlm "
+                             "(train it with its own library)")
+        return super().train(False)
+
     # ------------------------------------------------------------------ the family's part
 
     def check_config(self, config) -> None:

@@ -269,3 +269,6 @@ def test_fingerprints_cover_what_makes_the_codes(hf_dirs):
         next(codec.model.encoder.parameters()).add_(1.0)
         assert codec.token_fingerprint() != token
     assert len({load_codec(hf_dirs[f]).token_fingerprint() for f in (*FAMILIES, "mimi-other")}) == 4
+    with pytest.raises(ValueError, match="inference only"):
+        codec.train()
+    assert not codec.eval().model.training
