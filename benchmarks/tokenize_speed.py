@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/tokenize_speed.py --codec DIR --workers 2 --hours 0.25
     .venv/bin/python benchmarks/tokenize_speed.py --codec models/codec-speech-16k --cases a \
         --split valid --files 60 --workers 0 --ranks 2   # case (a) by 1 process, then by 2 torchrun ranks
+    .venv/bin/python benchmarks/tokenize_speed.py --hf mimi --cases a --files 100   # a Hugging Face codec
 
 (a) the first `--files` wav files of a split of the built-in corpus (real speech, 16 kHz), (b)
 one file of `--hours` made by concatenating corpus audio. Each case runs `rvqlm tokenize`'s
@@ -12,7 +13,9 @@ and the largest decoding worker) is the case's own. With `--ranks R`, case (a) r
 `torchrun --nproc-per-node R` (gloo; each rank gets `--threads` / R torch threads): files
 per second, peak RSS of each rank, and their ratios against the one-process run of the same
 invocation. Speed does not depend on the codec's weights, so without `--codec` a random default
-`Codec(CodecConfig())` is timed. The load average is printed: this machine may be shared, and then
+`Codec(CodecConfig())` is timed; `--hf encodec|dac|mimi` times a random model of that family at the size
+of facebook/encodec_24khz, descript/dac_16khz or kyutai/mimi (codec/hf.py: each file encoded whole;
+`--codec` takes a downloaded folder of one too). The load average is printed: this machine may be shared, and then
 "audio s per CPU s" (CPU time of the whole case, torch import and decoding workers included) is
 the steadier figure; x real time on N idle cores is at most N times it.
 """
@@ -72,12 +75,12 @@ os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")  # as `rvqlm token
 def main():  # spawned decoding workers import this file: only run it as the script
     import torch
     from codec.distributed_tokenize import Launch, tokenize
-    from codec.model import Codec
+    from codec.loading import load_codec
     from codec.tokenize import TokenizeSettings
     launch = Launch.from_env()
     if {threads!r}:
         torch.set_num_threads(max(1, {threads!r} // launch.local_world))
-    codec = Codec.from_pretrained({codec!r}).to(launch.device({device!r}))
+    codec = load_codec({codec!r}, map_location=launch.device({device!r}))
     s = tokenize({audio!r}, {out!r}, codec, TokenizeSettings(workers={workers!r}, batch_seconds={batch!r},
                  progress=False), launch)
     self_, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -118,6 +121,18 @@ def _run_case(audio: Path, out: Path, codec_dir: Path, workers: int, threads: in
     return rows
 
 
+def _random_hf_codec(family: str, folder: Path) -> Path:
+    """A random transformers model of `family` at the size of its released checkpoint, saved to `folder`."""
+    from codec.hf import import_transformers
+
+    tf = import_transformers()
+    model = {"encodec": lambda: tf.EncodecModel(tf.EncodecConfig()),  # encodec_24khz's defaults
+             "dac": lambda: tf.DacModel(tf.DacConfig(downsampling_ratios=[2, 4, 5, 8], n_codebooks=12)),  # dac_16khz
+             "mimi": lambda: tf.MimiModel(tf.MimiConfig())}[family]()  # kyutai/mimi's defaults
+    model.save_pretrained(folder)
+    return folder
+
+
 def _same_tokens(a: Path, b: Path) -> str:
     """Whether two token folders hold the same files with the same tokens, in words."""
     import numpy as np
@@ -155,7 +170,10 @@ def _print_ranks(one: dict, many: list[dict], same: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--codec", type=Path, default=None, help="a saved codec folder (default: random default codec)")
+    ap.add_argument("--codec", type=Path, default=None,
+                    help="a saved codec folder, rvqlm's or a Hugging Face one (default: random default codec)")
+    ap.add_argument("--hf", choices=("encodec", "dac", "mimi"), default=None,
+                    help="time a random Hugging Face codec of this family at its released size (needs transformers)")
     ap.add_argument("--corpus", type=Path, default=REPO / "data" / "fillets-cs-16k")
     ap.add_argument("--files", type=int, default=500, help="short files in case (a)")
     ap.add_argument("--split", default="train", help="corpus split the files of case (a) come from (default train)")
@@ -172,8 +190,12 @@ def main() -> None:
         args.threads = max(1, (os.cpu_count() or 1) - args.workers)
 
     from codec.config import CodecConfig
+    from codec.loading import load_codec
     from codec.model import Codec
     from rvqlm.corpora.fillets import prepare_corpus
+
+    if args.hf and args.codec:
+        raise SystemExit("give --codec or --hf, not both")
 
     load_before = os.getloadavg()[0]
     corpus = prepare_corpus(args.corpus, 16000, progress=False)
@@ -181,9 +203,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         codec_dir = args.codec
-        if codec_dir is None:
+        if args.hf:
+            codec_dir = _random_hf_codec(args.hf, tmp / args.hf)
+        elif codec_dir is None:
             codec_dir = Codec(CodecConfig()).save_pretrained(tmp / "codec")
-        codec = Codec.from_pretrained(codec_dir)
+        codec = load_codec(codec_dir)
         if "a" in args.cases:
             _make_short(tmp / "short", corpus, args.files, args.split)
             rows.append((f"(a) {args.files} short {args.split} files",
@@ -198,9 +222,9 @@ def main() -> None:
             rows.append((f"(b) one {args.hours:g} h file", _run_case(tmp / "long", tmp / "tok-b", codec_dir,
                                                                    args.workers, args.threads, args.batch_seconds)[0]))
 
-    cfg = codec.config
-    print(f"codec: {cfg.sample_rate} Hz, hop {codec.hop_length}, encoder {cfg.encoder.kind}, "
-          f"N_c={codec.n_codebooks}, |V|={codec.codebook_size}, causal={cfg.causal}"
+    kind = f"Hugging Face {codec.family}" if codec.tokenizes_whole_files else f"encoder {codec.config.encoder.kind}"
+    print(f"codec: {codec.sample_rate} Hz, hop {codec.hop_length}, {kind}, "
+          f"N_c={codec.n_codebooks}, |V|={codec.codebook_size}, causal={codec.causal}"
           f"{' (random weights)' if args.codec is None else ''}")
     print(f"cpus: {os.cpu_count()}, workers: {args.workers}, batch_seconds: {args.batch_seconds}, "
           f"load average at start: {load_before:.1f}, at end: {os.getloadavg()[0]:.1f}")

@@ -2,6 +2,7 @@
 
     from codec import Codec, CodecConfig
     codec = Codec.from_pretrained("runs/codec/pretrained")
+    codec = load_codec(DIR)        # that, or a Hugging Face EnCodec / DAC / Mimi folder (codec.hf)
     codes = codec.encode(wav)      # [B, C, S] -> LongTensor [B, N_c, T]
     wav = codec.decode(codes)      # [B, k, T] -> [B, C, T * hop]
 
@@ -10,7 +11,7 @@ Names are imported lazily so `import codec.audio` stays light.
 
 from __future__ import annotations
 
-__all__ = ["Codec", "CodecConfig", "read_rvq", "write_rvq"]
+__all__ = ["Codec", "CodecConfig", "load_codec", "read_rvq", "write_rvq"]
 
 
 def __getattr__(name: str):
@@ -22,6 +23,10 @@ def __getattr__(name: str):
         from codec.config import CodecConfig
 
         return CodecConfig
+    if name == "load_codec":
+        from codec.loading import load_codec
+
+        return load_codec
     if name in ("read_rvq", "write_rvq"):
         from codec import rvq_file
 

@@ -40,6 +40,35 @@ DISCRIMINATOR_NAME = "discriminator.safetensors"
 FOLDER_FORMAT = FolderFormat("codec", "format", "rvqlm-codec", 2, extra_files=(DISCRIMINATOR_NAME,))
 
 
+def weights_hash(settings: dict[str, Any], state: dict[str, torch.Tensor]) -> str:
+    """sha256 hex of JSON `settings` and every tensor of `state` (name, dtype, shape, bytes, in name order):
+    what codec fingerprints are made of (also the Hugging Face adapters', codec.hf)."""
+    h = hashlib.sha256()
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    for name, tensor in sorted(state.items()):
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"\n{name}:{t.dtype}:{tuple(t.shape)}\n".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def check_wav(wav: torch.Tensor, channels: int) -> None:
+    """ValueError unless `wav` is a finite float waveform [B, `channels`, S] with B, S >= 1."""
+    if not isinstance(wav, torch.Tensor):
+        raise ValueError(f"expected a waveform tensor [B, C, S], got {type(wav).__name__}")
+    if wav.dim() != 3:
+        raise ValueError(f"expected a waveform shaped [B, C, S] (batch, channels, samples), got {tuple(wav.shape)}")
+    if wav.shape[1] != channels:
+        raise ValueError(f"this codec takes {channels}-channel audio, got {wav.shape[1]} channels "
+                         f"(shape {tuple(wav.shape)})")
+    if wav.shape[0] == 0 or wav.shape[-1] == 0:
+        raise ValueError(f"empty waveform of shape {tuple(wav.shape)}")
+    if not wav.is_floating_point():
+        raise ValueError(f"expected float samples in [-1, 1], got dtype {wav.dtype}")
+    if not torch.isfinite(wav).all():
+        raise ValueError("waveform contains NaN or infinite samples")
+
+
 def _is_decoder(name: str) -> bool:
     return name.startswith("decoder.")
 
@@ -58,6 +87,10 @@ class CodecOutput:
 
 class Codec(nn.Module):
     """Encoder + residual vector quantizer + decoder. See the module docstring for the API."""
+
+    #: `rvqlm tokenize` may cut long files into chunks widened by the exact `frame_span` (codec/pieces.py);
+    #: codecs without a known finite receptive field (the Hugging Face adapters, codec/hf.py) say True.
+    tokenizes_whole_files = False
 
     def __init__(self, config: CodecConfig | None = None):
         super().__init__()
@@ -179,31 +212,13 @@ class Codec(nn.Module):
         return StreamingDecoder(self, exact=exact)
 
     def _check_wav(self, wav: torch.Tensor) -> None:
-        if not isinstance(wav, torch.Tensor):
-            raise ValueError(f"expected a waveform tensor [B, C, S], got {type(wav).__name__}")
-        if wav.dim() != 3:
-            raise ValueError(f"expected a waveform shaped [B, C, S] (batch, channels, samples), got {tuple(wav.shape)}")
-        if wav.shape[1] != self.channels:
-            raise ValueError(f"this codec takes {self.channels}-channel audio, got {wav.shape[1]} channels "
-                             f"(shape {tuple(wav.shape)})")
-        if wav.shape[0] == 0 or wav.shape[-1] == 0:
-            raise ValueError(f"empty waveform of shape {tuple(wav.shape)}")
-        if not wav.is_floating_point():
-            raise ValueError(f"expected float samples in [-1, 1], got dtype {wav.dtype}")
-        if not torch.isfinite(wav).all():
-            raise ValueError("waveform contains NaN or infinite samples")
+        check_wav(wav, self.channels)
 
     # ------------------------------------------------------------------ fingerprints and persistence
 
     @staticmethod
     def _hash(settings: dict[str, Any], state: dict[str, torch.Tensor]) -> str:
-        h = hashlib.sha256()
-        h.update(json.dumps(settings, sort_keys=True).encode())
-        for name, tensor in sorted(state.items()):
-            t = tensor.detach().to("cpu").contiguous()
-            h.update(f"\n{name}:{t.dtype}:{tuple(t.shape)}\n".encode())
-            h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        return h.hexdigest()
+        return weights_hash(settings, state)
 
     def fingerprint(self) -> str:
         """sha256 hex of the settings that shape this codec (`CodecConfig.shaping_settings`) and every

@@ -8,13 +8,17 @@ full-file encode sees zero padding too), so the tokens are those of encoding the
 once, whatever the chunk size. Pieces are encoded in zero-padded batches (`encode_pieces`,
 `batches`); frames near a file's true end in a padded batch would see the batch padding, so for a
 non-causal codec the last R frames are re-encoded from an unpadded tail piece (`Plan.tail`).
+
+A codec without a known finite receptive field (`tokenizes_whole_files`: the Hugging Face adapters,
+codec/hf.py) gets a `WholeFilePlan` instead: every file is one unpadded piece, encoded alone, so its
+tokens are the codec's `encode` of the whole file (a long file's blocks are joined in memory first).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -53,12 +57,22 @@ class Plan:
     chunk_frames: int
 
     @classmethod
-    def for_codec(cls, codec: Codec, chunk_seconds: float) -> "Plan":
+    def for_codec(cls, codec: Codec, chunk_seconds: float) -> "Plan | WholeFilePlan":
+        if codec.tokenizes_whole_files:
+            return WholeFilePlan(hop=codec.hop_length, frames_for=codec.frames_for)
         lo, hi = codec.frame_span
         hop = codec.hop_length
         chunk_frames = max(1, int(round(chunk_seconds * codec.frame_rate)))
         return cls(hop=hop, left=math.ceil(-lo / hop), right=max(0, math.ceil((hi + 1) / hop) - 1),
                    chunk_frames=chunk_frames)
+
+    def frames(self, samples: int) -> int:
+        """Frames of a file of `samples` samples: ceil(samples / hop)."""
+        return math.ceil(samples / self.hop)
+
+    def encode(self, codec: Codec, pieces: list[Piece]) -> list[tuple[Piece, np.ndarray]]:
+        """`encode_pieces` of one batch."""
+        return encode_pieces(codec, pieces, self)
 
     def whole(self, index: int, wav: torch.Tensor) -> Iterator[Piece]:
         """Pieces of a file held in memory: wav [C, S]."""
@@ -104,6 +118,40 @@ class Plan:
         keep_lo = max(p.keep_lo, p.stop - self.right)
         wav = p.wav[:, (lo - p.start) * self.hop :]
         return Piece(p.index, lo, p.stop, keep_lo, p.stop, wav, True)
+
+
+@dataclass
+class WholeFilePlan:
+    """Every file one piece of all its samples, unpadded, encoded alone (module docstring)."""
+
+    hop: int
+    frames_for: Callable[[int], int]  # the codec's frames of S samples
+    left: int = 0
+    right: int = 0  # no tail pieces
+
+    def frames(self, samples: int) -> int:
+        return self.frames_for(samples)
+
+    def whole(self, index: int, wav: torch.Tensor) -> Iterator[Piece]:
+        return self.stream(index, iter([wav]))
+
+    def stream(self, index: int, blocks: Iterator[torch.Tensor]) -> Iterator[Piece]:
+        """One piece of the joined blocks [C, S], then S."""
+        parts = [b for b in blocks if b.shape[1]]
+        if not parts:
+            raise AudioError("<stream>", "no samples decoded")
+        wav = torch.cat(parts, dim=1)
+        n = self.frames_for(wav.shape[1])
+        yield Piece(index, 0, n, 0, n, wav, True)
+        yield wav.shape[1]
+
+    def encode(self, codec, pieces: list[Piece]) -> list[tuple[Piece, np.ndarray]]:
+        """Each piece in a call of its own -> [(piece, codes [T, N_c])]."""
+        out = []
+        for p in pieces:
+            codes = codec.encode(p.wav[None].to(codec.device))[0].cpu()  # [N_c, T]
+            out.append((p, codes.T.numpy()))
+        return out
 
 
 def encode_pieces(codec: Codec, pieces: list[Piece], plan: Plan) -> list[tuple[Piece, np.ndarray]]:

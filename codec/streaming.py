@@ -41,6 +41,9 @@ from einops import rearrange
 
 
 def _check_causal(codec) -> None:
+    refusal = getattr(codec, "stream_refusal", None)  # a Hugging Face codec (codec.hf) says why not itself
+    if refusal is not None:
+        raise ValueError(refusal)
     if not codec.causal:
         raise ValueError("streaming needs a causal codec (config \"causal\": true); this one pads on both sides, "
                          "so its frames look ahead")

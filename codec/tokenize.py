@@ -11,7 +11,8 @@ Pipeline (one process encodes, `workers` processes decode):
    in the main process (a background thread reads ahead), so memory never depends on a file's length.
 3. Cut every file into *pieces* (codec/pieces.py): the whole file, or chunks of `chunk_seconds`
    widened by the encoder's exact context, so that the tokens are those of encoding the whole
-   file at once, whatever the chunk size.
+   file at once, whatever the chunk size. A Hugging Face codec (codec/hf.py), whose exact context
+   is not known, encodes every file whole and alone (`WholeFilePlan`).
 4. Batch pieces (sorted by length inside a look-ahead buffer) into encoder calls of about
    `batch_seconds` of audio, zero-padded on the right (exact too: see codec/pieces.py).
 5. Hand each file's frames, in file order, to a `ShardWriter`, which seals shards atomically.
@@ -31,7 +32,6 @@ Many processes and nodes: codec/distributed_tokenize.py runs `tokenize_files` on
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -45,7 +45,7 @@ import torch.nn.utils.parametrize
 from codec.audio import AUDIO_SUFFIXES, AudioError
 from codec.audio_folder import OrderedDecoder, SourceFile, find_audio_files, stream_blocks
 from codec.model import Codec
-from codec.pieces import Piece, Plan, batches, encode_pieces
+from codec.pieces import Piece, Plan, batches
 from rvqlm_core.audio_metadata import read_folder_metadata
 from rvqlm_core.shard_writer import ShardWriter, write_errors
 from rvqlm_core.token_shards import DEFAULT_SHARD_FRAMES, ShardEntry
@@ -259,7 +259,7 @@ class _Run:
             try:
                 for item in pieces:
                     if isinstance(item, int):
-                        state.n_frames, state.seconds = math.ceil(item / self.plan.hop), item / sr
+                        state.n_frames, state.seconds = self.plan.frames(item), item / sr
                     else:
                         self._add(item)
             except AudioError as e:
@@ -284,7 +284,7 @@ class _Run:
         tails: dict[int, list[Piece]] = {}
         for batch in batches(pieces, self.batch_frames):
             longest = batch[0].frames
-            for p, codes in encode_pieces(self.codec, batch, self.plan):
+            for p, codes in self.plan.encode(self.codec, batch):
                 self.files[p.index].parts[p.keep_lo] = codes
             for p in batch:
                 if p.at_end and p.frames < longest and self.plan.right > 0:
@@ -292,7 +292,7 @@ class _Run:
                     tails.setdefault(t.frames, []).append(t)
         for same_length in tails.values():  # equal lengths: no padding, so every frame is exact
             for batch in batches(same_length, self.batch_frames):
-                for p, codes in encode_pieces(self.codec, batch, self.plan):
+                for p, codes in self.plan.encode(self.codec, batch):
                     self.files[p.index].parts[p.keep_lo] = codes
 
     def _emit(self) -> None:

@@ -138,13 +138,14 @@ class _WindowReader:
                    ) -> dict[str, torch.Tensor]:
         """spans: (entry index, start frame, n frames <= window) per row -> a padded batch.
 
-        Returns codes [B, N_c, window] int64 (padding frames hold 0) and frame_mask [B, window].
+        Returns codes [B, n_codebooks, window] int64, the first n_codebooks codebooks of the folder's
+        (padding frames hold 0), and frame_mask [B, window].
         """
         codes = np.zeros((len(spans), window, n_codebooks), dtype=np.int64)
         mask = np.zeros((len(spans), window), dtype=bool)
         entries = self.shards.entries
         for row, (entry_index, start, length) in enumerate(spans):
-            codes[row, :length] = self.shards.read(entries[entry_index], start, length)
+            codes[row, :length] = self.shards.read(entries[entry_index], start, length)[:, :n_codebooks]
             mask[row, :length] = True
         return {"codes": torch.from_numpy(codes).transpose(1, 2).contiguous(),
                 "frame_mask": torch.from_numpy(mask)}
@@ -269,8 +270,10 @@ class TokenDataModule(pl.LightningDataModule):
             module docstring); `text_field` names the metadata column of the text.
         sample_weights: {glob: weight}: training files whose path in the token folder matches a glob
             (fnmatch, the first that matches) are drawn weight times as often per frame; others 1.
+        keep_codebooks: model only the first k codebooks of the folder's N_c (None: all), e.g. 8 of
+            Mimi's 32: a residual quantizer's first k codes are a coarser code of the same audio.
 
-    The token layout (n_codebooks, codebook_size, codec_fingerprint, frame_rate) is read from
+    The token layout (n_codebooks, i.e. keep_codebooks or all, codebook_size, codec_fingerprint, frame_rate) is read from
     the shards at construction, so a model can be sized from it (LightningCLI links them), and so
     is `speakers`: every speaker name in the folder's metadata, sorted (a conditioned LM's table).
     The data position (batches consumed) is saved in checkpoints through state_dict.
@@ -280,13 +283,19 @@ class TokenDataModule(pl.LightningDataModule):
                  batches_per_epoch: int = 1000, split_by: SplitBy = "prefix", valid_fraction: float = 0.1,
                  valid_batch_size: int | None = None, max_valid_windows: int | None = None,
                  num_workers: int = 0, seed: int = 0, conditions: bool = False, text_field: str = "text",
-                 sample_weights: dict[str, float] | None = None):
+                 sample_weights: dict[str, float] | None = None, keep_codebooks: int | None = None):
         super().__init__()
         if not Path(tokens_dir).is_dir():
             raise FileNotFoundError(f"token folder {tokens_dir} does not exist (make it with `rvqlm tokenize`)")
         self.tokens_dir = str(tokens_dir)
         shards = TokenShards.open(self.tokens_dir)
         self.n_codebooks = int(shards.n_codebooks)
+        if keep_codebooks is not None:
+            if isinstance(keep_codebooks, bool) or not isinstance(keep_codebooks, int) \
+                    or not 1 <= keep_codebooks <= self.n_codebooks:
+                raise ValueError(f"data.keep_codebooks must be in 1..{self.n_codebooks} (the codebooks of "
+                                 f"{tokens_dir}), got {keep_codebooks!r}")
+            self.n_codebooks = keep_codebooks
         self.codebook_size = int(shards.codebook_size)
         self.codec_fingerprint = str(shards.fingerprint)
         self.frame_rate = float(shards.frame_rate)

@@ -334,7 +334,7 @@ def unigram_nll(train: TokenFiles, held_out: TokenFiles, n_codebooks: int, codeb
     shards = TokenShards.open(train.tokens_dir)
     counts = np.full((n_codebooks, codebook_size), smoothing, dtype=np.float64)
     for i in train.entry_indices:
-        tokens = np.asarray(shards.read(shards.entries[i]), dtype=np.int64)  # [frames, N_c]
+        tokens = np.asarray(shards.read(shards.entries[i]), dtype=np.int64)[:, :n_codebooks]  # [frames, N_c]
         for k in range(n_codebooks):
             counts[k] += np.bincount(tokens[:, k], minlength=codebook_size)
     log_p = np.log(counts) - np.log(counts.sum(axis=1, keepdims=True))
@@ -342,7 +342,7 @@ def unigram_nll(train: TokenFiles, held_out: TokenFiles, n_codebooks: int, codeb
     n = np.zeros(n_codebooks, dtype=np.int64)
     held = TokenShards.open(held_out.tokens_dir)
     for i in held_out.entry_indices:
-        tokens = np.asarray(held.read(held.entries[i]), dtype=np.int64)
+        tokens = np.asarray(held.read(held.entries[i]), dtype=np.int64)[:, :n_codebooks]
         nll -= log_p[np.arange(n_codebooks), tokens].sum(axis=0)
         n += len(tokens)
     return torch.from_numpy(nll), torch.from_numpy(n)
@@ -351,15 +351,16 @@ def unigram_nll(train: TokenFiles, held_out: TokenFiles, n_codebooks: int, codeb
 def held_out_files(cfg: LMConfig, tokens_dir: str, split: str, split_by: str, valid_fraction: float,
                    window_frames: int | None) -> tuple[Any, TokenFiles, int]:
     """(shards, the split's files, window frames) of a token folder an LM of `cfg` is scored on:
-    ValueError for another codec's tokens (fingerprint), another (N_c, |V|) layout, or windows
-    past the LM's context (default: the whole context)."""
+    ValueError for another codec's tokens (fingerprint), another |V| or fewer codebooks than the LM
+    models (an LM of the first k scores the first k), or windows past the LM's context (default: the
+    whole context)."""
     from rvqlm_core.token_shards import TokenShards
 
     shards = TokenShards.open(tokens_dir)
     check_fingerprint(cfg.codec_fingerprint, shards.fingerprint, str(tokens_dir))
-    if (shards.n_codebooks, shards.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
+    if shards.codebook_size != cfg.codebook_size or shards.n_codebooks < cfg.n_codebooks:
         raise ValueError(f"{tokens_dir} has N_c={shards.n_codebooks}, |V|={shards.codebook_size}; "
-                         f"the LM models N_c={cfg.n_codebooks}, |V|={cfg.codebook_size}")
+                         f"the LM models N_c={cfg.n_codebooks} (the first of the folder's), |V|={cfg.codebook_size}")
     window = window_frames or cfg.max_frames
     if not 1 <= window <= cfg.max_frames:
         raise ValueError(f"window_frames must be in 1..{cfg.max_frames} for this LM, got {window}")

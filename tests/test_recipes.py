@@ -20,7 +20,8 @@ COMMANDS = {"codec": "train-codec", "lm": "train-lm"}
 SOURCE_FILTER = re.compile(r"(?:rvqlm|\$RVQLM) train-source-filter\s+(\S+)")  # one recipe, read by codec/source_filter_training.py
 USER_RECIPES = {"codec_tiny.yaml", "lm_tiny.yaml", "lm_demo.yaml", "codec_speech.yaml",  # + the shipped stages
                 "lm_speech_conditioned.yaml", "lm_text_bytes.yaml", "lm_masked_tiny.yaml", "lm_masked_speech.yaml",
-                "codec_source_filter.yaml"}
+                "codec_source_filter.yaml", "lm_mimi.yaml", "lm_encodec.yaml"}
+HF_RECIPES = {"lm_mimi.yaml": ("mimi", 32), "lm_encodec.yaml": ("encodec", 32)}  # family, its N_c (docs/codec.md)
 PREPARED_CORPORA = {"data/fillets-cs-16k", "data/voices-16k"}  # what `rvqlm corpus prepare fillets|voices` writes
 TEXT_TOKENS_DIR = "data/tokens/fillets-cs-16k-text-bytes"  # what `rvqlm corpus text-tokens` writes by default
 COMMAND = re.compile(r"(?:rvqlm|\$RVQLM) (train-codec|train-lm)((?:\s+--config\s+\S+)+)")
@@ -88,6 +89,12 @@ def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir)
         assert data["tokens_dir"] == TEXT_TOKENS_DIR, "the token folder `rvqlm corpus text-tokens` writes"
     elif recipe.name.startswith("lm_speech_conditioned"):  # the folder lm_speech_conditioned.yaml's header tokenizes
         assert data["tokens_dir"] == shipped_tokens_dir.replace("fillets-cs-16k", "fillets-synth-cs-16k")
+    elif recipe.name in HF_RECIPES:  # the folder its header tokenizes with a Hugging Face codec
+        family, n_c = HF_RECIPES[recipe.name]
+        assert data["tokens_dir"] == f"data/tokens/fillets-cs-16k-{family}"
+        assert f"rvqlm tokenize data/fillets-cs-16k {data['tokens_dir']} --codec" in "\n".join(header)
+        kept = data["keep_codebooks"]
+        assert 1 <= kept <= n_c and config["model"]["config"]["max_seq_len"] >= data["window_frames"] + kept - 1
     elif command == "train-lm":
         assert data["tokens_dir"] == shipped_tokens_dir, "the token folder `make demo` writes"
     elif data.get("train_dir") is None:

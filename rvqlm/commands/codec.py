@@ -5,6 +5,9 @@
     rvqlm reconstruct IN.wav OUT.wav --codec DIR [--n-codebooks k] [--stream [--chunk-ms 20]]
     rvqlm encode IN.wav OUT.rvq --codec DIR [--n-codebooks k]
     rvqlm decode IN.rvq OUT.wav --codec DIR
+
+--codec DIR is rvqlm's own codec folder or a Hugging Face EnCodec, DAC or Mimi folder (codec.loading);
+a Hugging Face codec does not stream (--stream is refused in one line).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import argparse
 import math
 
 from rvqlm_core.weight_dtype import QUANTIZED_DTYPES, STORAGE_DTYPES
+
+CODEC_HELP = ("codec folder (config.json + model.safetensors): rvqlm's own, or a Hugging Face EnCodec, DAC or "
+              "Mimi folder (pip install -e '.[hf]')")
 
 #: Whole-file commands hold the signal and the decoder's activations in memory; longer files
 #: belong to `rvqlm tokenize` (chunked).
@@ -63,13 +69,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("decode", help=".rvq codes file -> audio file (refuses codes of another codec)")
     p.add_argument("input", help=".rvq file written by `rvqlm encode`")
     p.add_argument("output", help="output audio file")
-    p.add_argument("--codec", required=True, help="codec folder (config.json + model.safetensors)")
+    p.add_argument("--codec", required=True, help=CODEC_HELP)
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.set_defaults(func=_decode)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--codec", required=True, help="codec folder (config.json + model.safetensors)")
+    p.add_argument("--codec", required=True, help=CODEC_HELP)
     p.add_argument("--n-codebooks", type=int, default=None, metavar="K",
                    help="use only the first K codebooks (lower bitrate); default all")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -101,11 +107,11 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    from codec import Codec
+    from codec.loading import load_codec
     from rvqlm_core.atomic import check_file_destination
 
     check_file_destination(args.output)  # before any work
-    codec = Codec.from_pretrained(args.codec, map_location=args.device)
+    codec = load_codec(args.codec, map_location=args.device)
     k = getattr(args, "n_codebooks", None)
     if k is not None and not 1 <= k <= codec.n_codebooks:
         raise ValueError(f"--n-codebooks must be in 1..{codec.n_codebooks} for this codec, got {k}")
@@ -122,6 +128,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
     from codec.audio import save_audio
 
     codec = _load(args)
+    if args.stream and getattr(codec, "stream_refusal", None):
+        raise ValueError(codec.stream_refusal)
     wav = _read_audio(args.input, codec)  # [C, S]
     k = args.n_codebooks or codec.n_codebooks
     if args.stream:

@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=Path, default=None,
                    help="token folder (default data/tokens/fillets-cs-16k-<codec token fingerprint>, or under "
                         "--work-dir for a subset)")
-    p.add_argument("--codec", type=Path, default=None, help="codec folder (default models/codec-speech-16k)")
+    p.add_argument("--codec", type=Path, default=None,
+                   help="codec folder (default models/codec-speech-16k; a Hugging Face EnCodec, DAC or Mimi folder too)")
     p.add_argument("--voices", type=Path, default=None,
                    help="prepared voices corpus for the foreign-speaker clips (default data/voices-16k; "
                         "`make voices` prepares it, and without it the page says so)")

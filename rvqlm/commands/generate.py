@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lm", required=True, metavar="LM_DIR", help="an LM folder written by save_pretrained")
     p.add_argument("--codec", required=True, metavar="CODEC_DIR",
-                   help="the saved codec whose tokens the LM was trained on")
+                   help="the saved codec whose tokens the LM was trained on (rvqlm's own, or a Hugging Face "
+                        "EnCodec, DAC or Mimi folder)")
     p.add_argument("--prompt", default=None, metavar="AUDIO", help="audio to continue (default: none, start from bos)")
     p.add_argument("--prompt-seconds", type=float, default=None,
                    help="use only the first S seconds of the prompt (default: all of it)")
@@ -119,9 +120,11 @@ def check_request(args: argparse.Namespace) -> None:
 
 
 def check_pair(lm_model, codec) -> None:
-    """Refuse an LM and a codec that do not share tokens (ValueError naming both)."""
+    """Refuse an LM and a codec that do not share tokens (ValueError naming both). An LM may model the
+    first k of the codec's codebooks (data.keep_codebooks): the prompt is encoded and the output decoded
+    with those k."""
     cfg = lm_model.config
-    if (codec.n_codebooks, codec.codebook_size) != (cfg.n_codebooks, cfg.codebook_size):
+    if codec.codebook_size != cfg.codebook_size or codec.n_codebooks < cfg.n_codebooks:
         raise ValueError(f"the codec makes N_c={codec.n_codebooks} codebooks of {codec.codebook_size} codes, "
                          f"the LM models N_c={cfg.n_codebooks} of {cfg.codebook_size}: not the LM's codec")
     if cfg.codec_fingerprint is None:
@@ -193,7 +196,7 @@ def check_length(args: argparse.Namespace, lm_model, codec, prompt_frames: int, 
 
 
 def load_prompt_codes(path: str, codec, lm_model, prompt_seconds: float | None):
-    """Read, trim to whole frames and encode the prompt -> codes [1, N_c, T0] (LongTensor)."""
+    """Read, trim to whole frames and encode the prompt -> codes [1, N_c of the LM, T0] (LongTensor)."""
     from codec.audio import audio_info, load_audio
 
     cfg, hop, rate = lm_model.config, codec.hop_length, codec.frame_rate
@@ -208,14 +211,14 @@ def load_prompt_codes(path: str, codec, lm_model, prompt_seconds: float | None):
     whole = wav.shape[-1] // hop * hop  # no zero-padded last frame: every prompt frame is real signal
     if whole == 0:
         raise ValueError(f"{path}: the prompt is shorter than one codec frame ({1000 / rate:.0f} ms)")
-    return codec.encode(wav[None, :, :whole])
+    return codec.encode(wav[None, :, :whole], n_q=cfg.n_codebooks)
 
 
 def _generate(args: argparse.Namespace) -> int:
     check_request(args)
     import torch
 
-    from codec import Codec
+    from codec.loading import load_codec
     from lm.trunk import load_lm
     from lm.generate import generate
 
@@ -224,14 +227,16 @@ def _generate(args: argparse.Namespace) -> int:
     lm_model = load_lm(args.lm, map_location=args.device)
     condition = check_condition(args, lm_model)
     options = family_options(args, lm_model)
-    codec = Codec.from_pretrained(args.codec, map_location=args.device)
+    codec = load_codec(args.codec, map_location=args.device)
     check_pair(lm_model, codec)
+    if args.stream and getattr(codec, "stream_refusal", None):
+        raise ValueError(codec.stream_refusal)
 
     if args.prompt is not None:
         prompt = load_prompt_codes(args.prompt, codec, lm_model, args.prompt_seconds)
         prompt = prompt.expand(args.num_samples, -1, -1)
     else:
-        prompt = torch.zeros(args.num_samples, codec.n_codebooks, 0, dtype=torch.long, device=codec.device)
+        prompt = torch.zeros(args.num_samples, lm_model.config.n_codebooks, 0, dtype=torch.long, device=codec.device)
     t0 = prompt.shape[-1]
     new_frames = max(1, round(args.seconds * codec.frame_rate))
     check_length(args, lm_model, codec, t0, new_frames)

@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("audio_dir", metavar="AUDIO_DIR", help="folder of audio files (wav, flac, ogg, mp3, ...)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="token folder to create or resume")
-    p.add_argument("--codec", required=True, metavar="CODEC_DIR", help="a saved codec folder (save_pretrained)")
+    p.add_argument("--codec", required=True, metavar="CODEC_DIR",
+                   help="a saved codec folder (save_pretrained): rvqlm's own, or a Hugging Face EnCodec, DAC or Mimi "
+                        "folder, whose files are encoded whole (pip install -e '.[hf]')")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="processes decoding audio in parallel with encoding (0: decode inline; default 1)")
     p.add_argument("--batch-seconds", type=float, default=20.0, metavar="S",
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from codec.distributed_tokenize import Launch, tokenize
-    from codec.model import Codec
+    from codec.loading import load_codec
     from codec.tokenize import TokenizeSettings
     from rvqlm_core.token_shards import DEFAULT_SHARD_FRAMES
 
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                                 chunk_seconds=args.chunk_seconds, max_file_seconds=args.max_file_seconds,
                                 shard_frames=DEFAULT_SHARD_FRAMES if args.shard_frames is None else args.shard_frames,
                                 progress=not args.no_progress)
-    codec = Codec.from_pretrained(args.codec).to(launch.device(args.device))
+    codec = load_codec(args.codec, map_location=launch.device(args.device))
     with contextlib.ExitStack() as held:
         hold_out_dir(held, args.out_dir, launch, args.wait)
         summary = tokenize(args.audio_dir, args.out_dir, codec, settings, launch)

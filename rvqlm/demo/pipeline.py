@@ -146,13 +146,14 @@ def pick_prompts(files: list[Path], n: int, min_seconds: float) -> list[Path]:
 
 
 def load_codec(codec_dir: Path):
-    """The saved codec at `codec_dir` in eval mode; a clear error if there is none."""
-    from codec import Codec
+    """The saved codec at `codec_dir` (rvqlm's own or a Hugging Face EnCodec / DAC / Mimi folder, codec.loading)
+    in eval mode; a clear error if there is none."""
+    from codec.loading import load_codec as load
 
     if not Path(codec_dir).is_dir():
         raise FileNotFoundError(f"no codec at {codec_dir}; train one with `rvqlm train-codec --config "
                                 "recipes/codec_speech.yaml` and pass its pretrained/ folder with --codec")
-    return Codec.from_pretrained(codec_dir).eval()
+    return load(codec_dir)
 
 
 def reconstruct(codec, prompts: list[Path], out: Path) -> Section:

@@ -136,10 +136,10 @@ def pick_files(files: list[Path], max_files: int, min_seconds: float) -> list[Pa
 def mono_codec_and_files(codec_dir: str, corpus: str, split: str, max_files: int, script: str):
     """A saved codec in eval mode (SystemExit naming `script` unless it is mono) and the files of
     `corpus`/`split` that `pick_files` scores (>= 1 s)."""
-    from codec import Codec
+    from codec.loading import load_codec
     from rvqlm.corpora.folder import corpus_files
 
-    codec = Codec.from_pretrained(codec_dir).eval()
+    codec = load_codec(codec_dir)
     if codec.channels != 1:
         raise SystemExit(f"{script} scores mono codecs")
     return codec, pick_files(corpus_files(corpus, split), max_files, 1.0)
