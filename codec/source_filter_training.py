@@ -5,7 +5,7 @@ plain regression, in three resumable steps under the recipe's `run_dir`:
                 F0, WORLD's mel-cepstrum and coded aperiodicity; one .npz a file, written atomically,
                 skipped once there);
   2. encoder.pt the analysis network trained on them: cross-entropy on the classes of `target_f0`
-                (Harvest's voicing, pYIN's F0 values; Gaussian-smoothed over
+                (Harvest's F0 in pYIN's octave; Gaussian-smoothed over
                 neighbouring bins, unvoiced a class of its own) + squared error on the aperiodicity
                 (dB / 10), AdamW with a one-cycle schedule; checkpointed, resumed;
   3. the quantizer: codebook 1 the F0 grid, codebooks 2..N_c residual k-means of the encoder's latents

@@ -3,7 +3,7 @@ the `train` extra) at one frame per codec frame (frame j centred on sample j * 3
 
     f0 = harvest_f0(x, sr)               # [T] Hz, 0 = unvoiced
     params = compact_params(x, f0, sr)   # [T, 26]: 24-order mel-cepstrum, WORLD's coded aperiodicity (dB)
-    f0 = target_f0(f0, pyin_f0(x, sr, len(f0)))   # the F0 the codec learns: Harvest's voicing, pYIN's values
+    f0 = target_f0(f0, pyin_f0(x, sr, len(f0)))   # the F0 the codec learns: Harvest's, in pYIN's octave
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ def pyin_f0(x: np.ndarray, sample_rate: int, frames: int) -> np.ndarray:
 
 
 def target_f0(harvest: np.ndarray, pyin: np.ndarray) -> np.ndarray:
-    """Harvest's voicing with pYIN's F0 where pYIN hears a pitch too (Harvest's elsewhere): WORLD's
-    best-sounding voicing, and a pitch that trackers agree on (docs/experiments.md, issue 38)."""
-    return np.where(harvest > 0, np.where(pyin > 0, pyin, harvest), 0.0)
+    """Harvest's voicing and F0, each frame moved by whole octaves to pYIN's where pYIN hears a pitch
+    too: WORLD's best-sounding track without Harvest's octave slips (docs/experiments.md, issue 38)."""
+    harvest, pyin = np.asarray(harvest, np.float64), np.asarray(pyin, np.float64)
+    both = (harvest > 0) & (pyin > 0)
+    octaves = np.round(np.log2(np.where(both, pyin, 1.0) / np.where(both, harvest, 1.0)))
+    return np.where(harvest > 0, harvest * 2.0 ** octaves, 0.0)
