@@ -125,12 +125,15 @@ def iter_decode(
     *,
     use_cache: bool = True,
     sink: bool = True,
+    fast: bool = True,
 ) -> Iterator[DecodeStep]:
     """Fill `plan.seq` step by step from `plan.first_step` on, yielding each step's logits and ids.
 
     model: an "ar" LM, or a GuidedDecoder binding one to its conditions (config, pattern, new_cache, call).
     choose: logits [B, N_c, |V|] -> ids [B, N_c] (e.g. a partial of `sample_next`).
     sink: past the context, keep bos in view as in training (see the module docstring).
+    fast: each cached step after the prefill through `model.decode_step` (the same logits bit for bit at
+    less cost; False: through the model's forward, the reference tests/test_decode_step.py compares with).
     With `plan.end`, only codebook 0 may choose the end id, positions past a row's end are pad,
     and decoding stops once every row has ended.
     Runs under the caller's grad mode; `generate` wraps it in inference_mode.
@@ -142,6 +145,7 @@ def iter_decode(
         return
     inputs = _model_inputs(plan, cfg.bos_id)  # kept in step with seq: inputs[..., s + 1] = seq[..., s]
     rope = model.config.pos == "rope"
+    fast = fast and hasattr(model, "decode_step")
     cache = None
     if use_cache:
         ring = rope and n_steps > window
@@ -150,8 +154,11 @@ def iter_decode(
     for s in range(plan.first_step, n_steps):
         if cache is not None and (s < window or rope):
             # Prefill (the whole prompt at once) on the first step, one position afterwards.
-            start = 0 if s == plan.first_step else s
-            logits = model(inputs[..., start:s + 1], cache=cache)[:, :, -1]
+            if s == plan.first_step or not fast:
+                start = 0 if s == plan.first_step else s
+                logits = model(inputs[..., start:s + 1], cache=cache)[:, :, -1]
+            else:
+                logits = model.decode_step(inputs[..., s:s + 1], cache)[:, :, -1]
         elif s < window:  # full recompute inside the context
             logits = model(inputs[..., :s + 1])[:, :, -1]
         elif sink:  # past the context: the window a training example would give, bos first

@@ -134,8 +134,10 @@ class SamplingOptions:
         return g
 
     def sample(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """`sample_next` with these options: logits [..., V] -> ids [...]."""
-        return sample_next(logits, self.temperature, self.top_k, self.top_p, self.greedy, generator)
+        """`sample_next` with these options (validated once, when they were made): logits [..., V] -> ids [...]."""
+        if self.greedy:
+            return logits.argmax(dim=-1)
+        return draw(filter_logits(logits, self.temperature, self.top_k, self.top_p), generator)
 
 
 def filter_logits(
@@ -171,11 +173,12 @@ def sample_next(
     Otherwise sample from softmax(filter_logits(logits / temperature)); top_k=None and
     top_p=None (or 1) disable those filters. `generator` makes the draw reproducible.
     """
-    SamplingOptions(temperature, top_k, top_p, greedy)  # the one validation of a request
-    if greedy:
-        return logits.argmax(dim=-1)
-    filtered = filter_logits(logits, temperature, top_k, top_p)
+    return SamplingOptions(temperature, top_k, top_p, greedy).sample(logits, generator)
+
+
+def draw(filtered: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One id per row of softmax(filtered): filtered logits [..., V] (`filter_logits`) -> int64 ids [...],
+    every row in one torch.multinomial call (the draw `sample_next` makes)."""
     probs = torch.softmax(filtered, dim=-1)
-    flat = probs.reshape(-1, probs.shape[-1])
-    ids = torch.multinomial(flat, 1, generator=generator)
+    ids = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
     return ids.reshape(probs.shape[:-1])
