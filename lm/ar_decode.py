@@ -43,11 +43,13 @@ class ARDecoding:
     """The AR family's own decoding options. use_cache: a KV cache (False: recompute the prefix every
     step, the reference). sink: past the context keep bos in view (see the module docstring).
     monotonic: a conditioned LM reads its text in order (lm.alignment.ReadingWindow; None: on for an LM
-    trained with guided attention)."""
+    trained with guided attention). fast: cached steps through `decode_step` (False: through the model's
+    forward, the reference it equals bit for bit; for benchmarks and tests)."""
 
     use_cache: bool = True
     sink: bool = True
     monotonic: bool | None = None
+    fast: bool = True
 
 
 @dataclass
@@ -193,7 +195,7 @@ def decode(model, request: DecodeRequest) -> tuple[Tensor, Tensor]:
         reading = model.config.condition is not None and reads_in_order(model.config, options.monotonic)
         decoder = GuidedDecoder(model, request.condition, request.sampling, plan.seq.shape[0],
                                 ReadingWindow if reading else None)
-        _decode(decoder, plan, choose, bar, options.use_cache, options.sink, request.on_frames)
+        _decode(decoder, plan, choose, bar, options, request.on_frames)
     finally:
         bar.close()
     return _frames_of(model, plan)
@@ -208,14 +210,14 @@ def _frames_of(model, plan: GenerationPlan) -> tuple[Tensor, Tensor]:
 
 
 def _decode(model, plan: GenerationPlan, choose: Callable[[Tensor], Tensor], bar: ProgressBar,
-            use_cache: bool, sink: bool, on_frames: Callable[[Tensor, Tensor], None] | None = None) -> None:
+            options: ARDecoding, on_frames: Callable[[Tensor, Tensor], None] | None = None) -> None:
     """Run `iter_decode` to its end, counting finished frames on the progress bar and handing them
     to `on_frames` (see `generate`)."""
     delays = model.pattern.delays()
     done, total = plan.prompt_frames, plan.prompt_frames + plan.new_frames
     emit = partial(_emit_frames, plan, delays, on_frames) if on_frames is not None else lambda start, stop: None
     emit(0, done)
-    for step in iter_decode(model, plan, choose, use_cache=use_cache, sink=sink):
+    for step in iter_decode(model, plan, choose, use_cache=options.use_cache, sink=options.sink, fast=options.fast):
         # Frame t is complete once its most delayed codebook is placed, at step t + max(delays).
         ready = min(step.step - max(delays) + 1, total)
         if ready > done:
