@@ -6,18 +6,23 @@ shapes, so the logits are the same bit for bit (tests/test_decode_step.py), but 
 them: no per-call checks of the ids (the decoder feeds back its own), RoPE angles read from a table
 instead of computed each step, queries and keys rotated in one pass, norms and linear layers called
 without their module wrappers, no dropout calls (generation runs in eval mode), and the cache's keys and
-values written in place without dtype round trips. Anything it does not know (a mixture of experts, a
+values written in place without dtype round trips; in an int8 LM, fbgemm called directly and a SwiGLU's two
+input matrices in one call (exact: see `_gate_and_value`). Anything it does not know (a mixture of experts, a
 norm or position kind of its own) goes through the block's own modules, which is the same arithmetic.
 """
 
 from __future__ import annotations
 
+import weakref
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lm.kv_cache import CrossMemory, KVCache
-from lm.layers import Block, LayerNorm, RMSNorm
+from lm.layers import Block, LayerNorm, RMSNorm, SwiGLU
 from lm.rope import apply_rotary
+from rvqlm_core.int8_linear import Int8Linear, _full_range_activations
 
 
 def _norm(module: nn.Module, x: Tensor) -> Tensor:
@@ -30,10 +35,37 @@ def _norm(module: nn.Module, x: Tensor) -> Tensor:
 
 
 def _linear(module: nn.Module, x: Tensor) -> Tensor:
-    """`module(x)`: F.linear for an nn.Linear (what its forward calls), else the module (Int8Linear)."""
-    if type(module) is nn.Linear:
+    """`module(x)`: F.linear for an nn.Linear (what its forward calls), fbgemm's dynamic int8 linear for an
+    Int8Linear already packed for it (what its forward calls), else the module."""
+    kind = type(module)
+    if kind is nn.Linear:
         return F.linear(x, module.weight, module.bias)
+    if kind is Int8Linear and module._packed is not None and x.dtype == torch.float32:
+        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, module.in_features).contiguous(), module._packed,
+                                               not _full_range_activations())
+        return y.view(*x.shape[:-1], module.out_features)
     return module(x)
+
+
+_FUSED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _gate_and_value(ffn: nn.Module) -> Int8Linear | None:
+    """An int8 SwiGLU's W1 and W2 as one Int8Linear of [2 d_ff, d] (made once, kept beside the module, not in
+    it): one fbgemm call instead of two. The input is quantized once per call with the same scale either way,
+    and each output is an exact int32 sum rescaled by its own row's scale, so both halves equal W1's and W2's
+    outputs bit for bit. None where the layers are not packed int8 ones."""
+    w1, w2 = ffn.w1, ffn.w2
+    if type(w1) is not Int8Linear or type(w2) is not Int8Linear or w1._packed is None or w2._packed is None:
+        return None
+    kept = _FUSED.get(ffn)
+    if kept is None or kept[0] is not w1 or kept[1] is not w2 or kept[2].weight.device != w1.weight.device:
+        bias = None if w1.bias is None else torch.cat([w1.bias, w2.bias])
+        fused = Int8Linear.from_pairs(torch.cat([w1.weight, w2.weight]), torch.cat([w1.weight_scale, w2.weight_scale]),
+                                      bias)
+        fused(torch.zeros(1, fused.in_features, device=w1.weight.device))  # packs it
+        kept = _FUSED[ffn] = (w1, w2, fused)
+    return kept[2]
 
 
 def _self_attention(block: Block, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: KVCache) -> Tensor:
@@ -51,9 +83,13 @@ def _self_attention(block: Block, x: Tensor, rope: tuple[Tensor, Tensor] | None,
 
 def _ffn(ffn: nn.Module, x: Tensor) -> Tensor:
     """The block's feed-forward sublayer on x [B, 1, d] (SwiGLU unwrapped; any other kind: its module)."""
-    if type(ffn).__name__ == "SwiGLU":
+    if type(ffn) is not SwiGLU:
+        return ffn(x)
+    fused = _gate_and_value(ffn)
+    if fused is None:
         return _linear(ffn.w3, F.silu(_linear(ffn.w1, x)) * _linear(ffn.w2, x))
-    return ffn(x)
+    gate, value = _linear(fused, x).split(ffn.w1.out_features, dim=-1)
+    return _linear(ffn.w3, F.silu(gate) * value)
 
 
 def _block(block: Block, h: Tensor, rope: tuple[Tensor, Tensor] | None, cache: KVCache,
