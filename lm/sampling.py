@@ -177,8 +177,12 @@ def sample_next(
 
 
 def draw(filtered: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One id per row of softmax(filtered): filtered logits [..., V] (`filter_logits`) -> int64 ids [...],
-    every row in one torch.multinomial call (the draw `sample_next` makes)."""
+    """One id per row of softmax(filtered): filtered logits [..., V] (`filter_logits`) -> int64 ids [...].
+
+    torch.multinomial(probs, 1)'s own algorithm for one draw, argmax(p / q) with q ~ Exp(1) drawn for every
+    entry from `generator` (the same ids from the same generator state; tests/test_decode_step.py), without
+    its checks of the input: softmax of logits whose maximum is 0 has finite probabilities summing to >= 1."""
     probs = torch.softmax(filtered, dim=-1)
-    ids = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
-    return ids.reshape(probs.shape[:-1])
+    flat = probs.reshape(-1, probs.shape[-1])
+    q = torch.empty_like(flat).exponential_(1, generator=generator)
+    return flat.div_(q).argmax(dim=-1).reshape(probs.shape[:-1])
