@@ -10,11 +10,10 @@ Default (issue 40): the saved AR LM `--lm` (the shipped one), float32 and its in
 fast cached step (lm.decode_step) and with the reference step through the model's forward (the same tokens),
 alternated `--repeats` times in this process, medians. Each against its bandwidth bound: (weights a step
 reads + the mean KV cache it attends over) / the measured copy bandwidth (benchmarks/step_profile.py), and
-each part of a step timed alone. Then the conditioned LM at cfg 3 (2 rows a step: conditional and null) the
-same way, and the masked LM (its default decoding) end to end.
+what each part of a step costs per frame, timed where it runs. Then the conditioned LM at --cfg (2 rows a
+step: conditional and null) the same way, and the masked LM (its default decoding) end to end.
 
---synthetic: the benchmark before issue 40, on a model it builds:
-Model: a randomly initialised ~20M-parameter MultiCodebookLM (N_c = 8 codebooks of 1024, d = 512,
+--synthetic: the benchmark before issue 40, on a model it builds. Model: a randomly initialised ~20M-parameter MultiCodebookLM (N_c = 8 codebooks of 1024, d = 512,
 4 layers, SwiGLU, RoPE, delay pattern), i.e. tokens of a 50 frames/s codec. Random weights decode
 as fast as trained ones: every step does the same work whatever the logits are.
 
