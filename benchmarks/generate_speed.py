@@ -1,8 +1,19 @@
-"""Generation speed: KV cache against full recompute, and per-frame latency against memory bandwidth.
+"""Generation speed on the models users run, per frame against each model's memory-bandwidth bound.
 
-    .venv/bin/python benchmarks/generate_speed.py [--frames 1500] [--batches 1 8] [--dtype int8] [--json out.json]
+    .venv/bin/python benchmarks/generate_speed.py [--lm models/lm-speech-16k] [--frames 250] [--repeats 5]
+        [--dtype both] [--cond-lm models/lm-speech-conditioned-16k] [--masked-lm models/lm-masked-speech-16k]
+        [--threads 1] [--json out.json]
+    .venv/bin/python benchmarks/generate_speed.py --synthetic [--frames 1500] [--batches 1 8] [--dtype int8]
 
-Model: a randomly initialised ~20M-parameter MultiCodebookLM (N_c = 8 codebooks of 1024, d = 512,
+Default (issue 40): the saved AR LM `--lm` (the shipped one), float32 and its int8 form (lm.int8.to_int8, what
+`rvqlm export-lm --dtype int8` stores), `--frames` frames from bos at batch 1, top-k 250, seed 0, with the
+fast cached step (lm.decode_step) and with the reference step through the model's forward (the same tokens),
+alternated `--repeats` times in this process, medians. Each against its bandwidth bound: (weights a step
+reads + the mean KV cache it attends over) / the measured copy bandwidth (benchmarks/step_profile.py), and
+what each part of a step costs per frame, timed where it runs. Then the conditioned LM at --cfg (2 rows a
+step: conditional and null) the same way, and the masked LM (its default decoding) end to end.
+
+--synthetic: the benchmark before issue 40, on a model it builds. Model: a randomly initialised ~20M-parameter MultiCodebookLM (N_c = 8 codebooks of 1024, d = 512,
 4 layers, SwiGLU, RoPE, delay pattern), i.e. tokens of a 50 frames/s codec. Random weights decode
 as fast as trained ones: every step does the same work whatever the logits are.
 
@@ -33,11 +44,18 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: benchmarks/ is a package of the repository
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.shipped_speed import shipped_main  # noqa: E402
+from benchmarks.step_profile import copy_bandwidth  # noqa: E402
 from lm import LMConfig, MultiCodebookLM
 from lm.ar_decode import ARDecoding
 from lm.generate import generate
@@ -57,19 +75,6 @@ def matmul_weight_bytes(model: MultiCodebookLM) -> int:
     n += sum(p.numel() * p.element_size() for p in model.final_norm.parameters())
     heads = model.head_weights()
     return n + heads.numel() * heads.element_size()
-
-
-def copy_bandwidth(mbytes: int = 256, repeats: int = 5) -> float:
-    """Best-of-`repeats` bytes/s of a large tensor copy, counting read + write."""
-    src = torch.ones(mbytes * 2**20 // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
-    return 2 * src.numel() * 4 / best
 
 
 def time_cached(model: MultiCodebookLM, batch: int, frames: int) -> tuple[float, float]:
@@ -137,9 +142,18 @@ def int8_rows(model: MultiCodebookLM, results: dict, frames: int, batches: list[
     results["int8"] = out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--frames", type=int, default=1500)
+    ap.add_argument("--synthetic", action="store_true", help="time the model this script builds (the benchmark "
+                    "before issue 40) instead of saved LMs")
+    ap.add_argument("--lm", default=str(REPO / "models" / "lm-speech-16k"), help="a saved AR LM")
+    ap.add_argument("--cond-lm", default=str(REPO / "models" / "lm-speech-conditioned-16k"),
+                    help="a saved conditioned AR LM, timed at --cfg ('' to skip)")
+    ap.add_argument("--masked-lm", default=str(REPO / "models" / "lm-masked-speech-16k"),
+                    help="a saved masked LM ('' to skip)")
+    ap.add_argument("--cfg", type=float, default=3.0, help="the conditioned LM's guidance scale")
+    ap.add_argument("--repeats", type=int, default=5, help="alternated runs of each variant (medians)")
+    ap.add_argument("--frames", type=int, default=None, help="frames per generation (default 250; --synthetic 1500)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--grid", type=int, nargs="+", default=[32, 256, 512, 1024, 1507],
                     help="prefix lengths at which a recompute step is measured")
@@ -147,12 +161,30 @@ def main(argv: list[str] | None = None) -> int:
                     help="real no-cache frames generated after a long prompt to check the fit (batch 1)")
     ap.add_argument("--exact-recompute", action="store_true", help="run every recompute step for real")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    ap.add_argument("--dtype", choices=("float32", "int8"), default="float32",
-                    help="int8: also time the model in int8 after the float32 rows (same run)")
+    ap.add_argument("--dtype", choices=("float32", "int8", "both"), default=None,
+                    help="saved LMs: float32, its int8 form, or both (default); --synthetic: int8 also times the "
+                    "model in int8 after the float32 rows")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args(argv)
+    args.frames = args.frames or (1500 if args.synthetic else 250)
+    args.dtype = args.dtype or ("float32" if args.synthetic else "both")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    results = synthetic_main(args) if args.synthetic else shipped_main(args)
+    if args.json:
+        from rvqlm_core.atomic import atomic_write_json
+
+        atomic_write_json(Path(args.json), results)
+    return 0
+
+
+def synthetic_main(args: argparse.Namespace) -> dict:
+    """The benchmark of a model built here (see the module docstring): cache against recompute, the bound, int8."""
 
     torch.manual_seed(0)
     n_c = 8
@@ -230,11 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                               "kv_bytes_mean": kv_bytes}
     if args.dtype == "int8":
         int8_rows(model, results, args.frames, args.batches)
-    if args.json:
-        from rvqlm_core.atomic import atomic_write_json
-
-        atomic_write_json(Path(args.json), results)
-    return 0
+    return results
 
 
 if __name__ == "__main__":

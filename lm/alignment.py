@@ -153,11 +153,11 @@ class ReadingWindow:
     def after(self, logits: Tensor) -> Tensor:
         """Move each row's position on from the recorded attention; -> logits [B, N_c, S, V] (B <= R: the
         rows the caller keeps) with the end barred from codebook 0's last position where not yet allowed."""
-        centres = []
+        centres, j = [], None
         for attn in self.attns:
             w = attn.recorded[:, :, -1, 1:].float()  # [R, heads, M - 1]: the last row's weights on the bytes
             attn.focus, attn.focus_heads, attn.record_heads, attn.recorded = None, 0, 0, None
-            j = torch.arange(w.shape[-1], device=w.device, dtype=w.dtype)
+            j = torch.arange(w.shape[-1], device=w.device, dtype=w.dtype) if j is None else j
             centres.append((w * j).sum(-1) / w.sum(-1).clamp_min(1e-9))  # [R, heads]
         centre = torch.stack(centres).mean(dim=(0, 2))  # [R]
         moved = torch.minimum(torch.maximum(self.pos, centre), self.pos + self.step)

@@ -43,11 +43,13 @@ class ARDecoding:
     """The AR family's own decoding options. use_cache: a KV cache (False: recompute the prefix every
     step, the reference). sink: past the context keep bos in view (see the module docstring).
     monotonic: a conditioned LM reads its text in order (lm.alignment.ReadingWindow; None: on for an LM
-    trained with guided attention)."""
+    trained with guided attention). fast: cached steps through `decode_step` (False: through the model's
+    forward, the reference it equals bit for bit; for benchmarks and tests)."""
 
     use_cache: bool = True
     sink: bool = True
     monotonic: bool | None = None
+    fast: bool = True
 
 
 @dataclass
@@ -125,12 +127,15 @@ def iter_decode(
     *,
     use_cache: bool = True,
     sink: bool = True,
+    fast: bool = True,
 ) -> Iterator[DecodeStep]:
     """Fill `plan.seq` step by step from `plan.first_step` on, yielding each step's logits and ids.
 
     model: an "ar" LM, or a GuidedDecoder binding one to its conditions (config, pattern, new_cache, call).
     choose: logits [B, N_c, |V|] -> ids [B, N_c] (e.g. a partial of `sample_next`).
     sink: past the context, keep bos in view as in training (see the module docstring).
+    fast: each cached step after the prefill through `model.decode_step` (the same logits bit for bit at
+    less cost; False: through the model's forward, the reference tests/test_decode_step.py compares with).
     With `plan.end`, only codebook 0 may choose the end id, positions past a row's end are pad,
     and decoding stops once every row has ended.
     Runs under the caller's grad mode; `generate` wraps it in inference_mode.
@@ -142,6 +147,7 @@ def iter_decode(
         return
     inputs = _model_inputs(plan, cfg.bos_id)  # kept in step with seq: inputs[..., s + 1] = seq[..., s]
     rope = model.config.pos == "rope"
+    fast = fast and hasattr(model, "decode_step")
     cache = None
     if use_cache:
         ring = rope and n_steps > window
@@ -150,8 +156,11 @@ def iter_decode(
     for s in range(plan.first_step, n_steps):
         if cache is not None and (s < window or rope):
             # Prefill (the whole prompt at once) on the first step, one position afterwards.
-            start = 0 if s == plan.first_step else s
-            logits = model(inputs[..., start:s + 1], cache=cache)[:, :, -1]
+            if s == plan.first_step or not fast:
+                start = 0 if s == plan.first_step else s
+                logits = model(inputs[..., start:s + 1], cache=cache)[:, :, -1]
+            else:
+                logits = model.decode_step(inputs[..., s:s + 1], cache)[:, :, -1]
         elif s < window:  # full recompute inside the context
             logits = model(inputs[..., :s + 1])[:, :, -1]
         elif sink:  # past the context: the window a training example would give, bos first
@@ -186,7 +195,7 @@ def decode(model, request: DecodeRequest) -> tuple[Tensor, Tensor]:
         reading = model.config.condition is not None and reads_in_order(model.config, options.monotonic)
         decoder = GuidedDecoder(model, request.condition, request.sampling, plan.seq.shape[0],
                                 ReadingWindow if reading else None)
-        _decode(decoder, plan, choose, bar, options.use_cache, options.sink, request.on_frames)
+        _decode(decoder, plan, choose, bar, options, request.on_frames)
     finally:
         bar.close()
     return _frames_of(model, plan)
@@ -201,14 +210,14 @@ def _frames_of(model, plan: GenerationPlan) -> tuple[Tensor, Tensor]:
 
 
 def _decode(model, plan: GenerationPlan, choose: Callable[[Tensor], Tensor], bar: ProgressBar,
-            use_cache: bool, sink: bool, on_frames: Callable[[Tensor, Tensor], None] | None = None) -> None:
+            options: ARDecoding, on_frames: Callable[[Tensor, Tensor], None] | None = None) -> None:
     """Run `iter_decode` to its end, counting finished frames on the progress bar and handing them
     to `on_frames` (see `generate`)."""
     delays = model.pattern.delays()
     done, total = plan.prompt_frames, plan.prompt_frames + plan.new_frames
     emit = partial(_emit_frames, plan, delays, on_frames) if on_frames is not None else lambda start, stop: None
     emit(0, done)
-    for step in iter_decode(model, plan, choose, use_cache=use_cache, sink=sink):
+    for step in iter_decode(model, plan, choose, use_cache=options.use_cache, sink=options.sink, fast=options.fast):
         # Frame t is complete once its most delayed codebook is placed, at step t + max(delays).
         ready = min(step.step - max(delays) + 1, total)
         if ready > done:

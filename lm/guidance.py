@@ -89,7 +89,23 @@ class GuidedDecoder:
             return self.model(tokens, **forward_args)
         if self.reading is not None:
             self.reading.before(tokens.shape[-1])
-        logits = self.model(torch.cat([tokens] * self.groups), memory=self.memory, **forward_args)
+        return self._guide(self.model(torch.cat([tokens] * self.groups), memory=self.memory, **forward_args))
+
+    def decode_step(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """An AR LM's cached step (MultiCodebookLM.decode_step) under the conditions: tokens [B, N_c, 1] ->
+        the guided logits [B, N_c, 1, n_outputs], equal to `self(tokens, cache=cache)` (which a model without
+        a decode_step of its own runs)."""
+        if not hasattr(self.model, "decode_step"):
+            return self(tokens, cache=cache)
+        if self.memory is None:
+            return self.model.decode_step(tokens, cache)
+        if self.reading is not None:
+            self.reading.before(1)
+        rows = tokens if self.groups == 1 else torch.cat([tokens] * self.groups)
+        return self._guide(self.model.decode_step(rows, cache, self.memory))
+
+    def _guide(self, logits: Tensor) -> Tensor:
+        """The model's logits over the groups' rows -> the guided logits of the B rows (see the module docstring)."""
         if self.groups == 2:
             cond, uncond = logits.chunk(2)
             logits = uncond + self.scale * (cond - uncond)

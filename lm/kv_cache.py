@@ -186,6 +186,8 @@ class KVCache:
             values.index_copy_(2, p.slots, v_new[:, :, p.keep_from:].to(values.dtype))
         if layer == self.n_layers - 1:
             self._pending = None
+        if k_all.dtype == k_new.dtype:
+            return k_all, v_all
         return k_all.to(k_new.dtype), v_all.to(v_new.dtype)
 
     def __repr__(self) -> str:

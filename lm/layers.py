@@ -171,7 +171,8 @@ class CrossAttention(nn.Module):
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, source_mask: Tensor) -> Tensor:
         """x [B, S, d], k/v [B, H_kv, M, Dh], source_mask [B, M] bool (True = real) -> [B, S, d]."""
-        q = rearrange(self.q(x), "b s (h d) -> b h s d", d=self.head_dim)
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, S, Dh]
         mask = source_mask[:, None, None, :]
         if self.focus is not None and self.focus_heads:
             n = q.shape[2]
@@ -186,13 +187,14 @@ class CrossAttention(nn.Module):
                 dropout_p=self.attn_dropout if self.training else 0.0,
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )  # [B, H, S, Dh]: softmax(q k^T / sqrt(Dh) + source padding mask) v
-        return self.resid_dropout(self.out(rearrange(y, "b h s d -> b s (h d)")))
+        return self.resid_dropout(self.out(y.transpose(1, 2).reshape(b, s, -1)))  # heads concatenated: [B, S, H Dh]
 
     def _attend_recording(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         """The same attention (mask [B, 1 or H, 1 or S, M]) with its weights written out, keeping heads
         [:record_heads] in `recorded`."""
         group = self.n_heads // self.n_kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)  # [B, H, S, M]
         weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         self.recorded = weights[:, :self.record_heads]

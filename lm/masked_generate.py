@@ -31,7 +31,7 @@ from torch import Tensor
 
 from lm.generate import DecodeRequest, ProgressBar
 from lm.guidance import GuidedDecoder
-from lm.sampling import SamplingOptions, filter_logits
+from lm.sampling import SamplingOptions, draw, filter_logits
 
 DEFAULT_STEPS = (8, 2, 1, 1, 1, 1, 1, 1)
 DEFAULT_CHOICE_TEMPERATURE = 4.5
@@ -121,9 +121,11 @@ def _chooser(sampling: SamplingOptions, generator: torch.Generator | None, choic
     """(logits [B, n, |V|], anneal) -> (codes [B, n], confidence [B, n]): the code's log-probability where it
     was drawn, plus choice_temperature x anneal x Gumbel noise (drawn only when that scale is > 0)."""
     def choose(logits: Tensor, anneal: float = 0.0) -> tuple[Tensor, Tensor]:
-        filtered = logits.float() if sampling.greedy else filter_logits(logits, sampling.temperature, sampling.top_k,
-                                                                       sampling.top_p)
-        codes = sampling.sample(logits, generator)
+        if sampling.greedy:
+            filtered, codes = logits.float(), logits.argmax(dim=-1)
+        else:  # filtered once, for the draw and the confidence alike
+            filtered = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+            codes = draw(filtered, generator)
         confidence = filtered.log_softmax(dim=-1).gather(-1, codes[..., None])[..., 0]
         scale = choice_temperature * anneal
         if scale > 0:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from lm.alignment import forward_recording, guided_attention_loss, noisy_context
 from lm.conditioning import ConditionInputs
+from lm.decode_step import decode_step
 from lm.end_of_audio import layout_with_end
 from lm.kv_cache import CrossMemory, KVCache
 from lm.trunk import LM_FORMAT, LMLoss, LMTrunk
@@ -107,6 +108,12 @@ class MultiCodebookLM(LMTrunk):
             positions, mask = cache.begin(s)
 
         return self.logits(self.trunk(tokens, positions, mask, cache, memory))
+
+    def decode_step(self, tokens: Tensor, cache: KVCache, memory: CrossMemory | None = None) -> Tensor:
+        """One cached generation step: tokens [B, N_c, 1] (ids the decoder placed itself, unchecked) ->
+        logits [B, N_c, 1, n_outputs], the same as `self(tokens, cache=cache, memory=memory)` bit for bit
+        at less cost per step (lm.decode_step)."""
+        return decode_step(self, tokens, cache, memory)
 
     def _forward_past_sink_window(self, tokens: Tensor, cache: KVCache, memory: CrossMemory | None) -> Tensor:
         """A multi-position cached step that reaches past a sink cache's window: each query there sees

@@ -134,8 +134,10 @@ class SamplingOptions:
         return g
 
     def sample(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """`sample_next` with these options: logits [..., V] -> ids [...]."""
-        return sample_next(logits, self.temperature, self.top_k, self.top_p, self.greedy, generator)
+        """`sample_next` with these options (validated once, when they were made): logits [..., V] -> ids [...]."""
+        if self.greedy:
+            return logits.argmax(dim=-1)
+        return draw(filter_logits(logits, self.temperature, self.top_k, self.top_p), generator)
 
 
 def filter_logits(
@@ -171,11 +173,16 @@ def sample_next(
     Otherwise sample from softmax(filter_logits(logits / temperature)); top_k=None and
     top_p=None (or 1) disable those filters. `generator` makes the draw reproducible.
     """
-    SamplingOptions(temperature, top_k, top_p, greedy)  # the one validation of a request
-    if greedy:
-        return logits.argmax(dim=-1)
-    filtered = filter_logits(logits, temperature, top_k, top_p)
+    return SamplingOptions(temperature, top_k, top_p, greedy).sample(logits, generator)
+
+
+def draw(filtered: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One id per row of softmax(filtered): filtered logits [..., V] (`filter_logits`) -> int64 ids [...].
+
+    torch.multinomial(probs, 1)'s own algorithm for one draw, argmax(p / q) with q ~ Exp(1) drawn for every
+    entry from `generator` (the same ids from the same generator state; tests/test_decode_step.py), without
+    its checks of the input: softmax of logits whose maximum is 0 has finite probabilities summing to >= 1."""
     probs = torch.softmax(filtered, dim=-1)
     flat = probs.reshape(-1, probs.shape[-1])
-    ids = torch.multinomial(flat, 1, generator=generator)
-    return ids.reshape(probs.shape[:-1])
+    q = torch.empty_like(flat).exponential_(1, generator=generator)
+    return flat.div_(q).argmax(dim=-1).reshape(probs.shape[:-1])

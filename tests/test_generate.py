@@ -158,17 +158,20 @@ def test_cached_generation_equals_full_recompute_inside_the_context(pos, pattern
         assert torch.allclose(logits_c, full, atol=LOGIT_ATOL, rtol=0)
 
 
-def test_each_cached_step_feeds_one_position_after_the_prefill():
+def test_each_cached_step_feeds_one_position_after_the_prefill(monkeypatch):
     model = tiny_lm(max_seq_len=32)
-    lengths = []
-    handle = model.register_forward_pre_hook(lambda m, args, kwargs: lengths.append(args[0].shape[-1]),
+    lengths = []  # positions of each forward (the prefill) and of each decode_step (the steps after it)
+    handle = model.register_forward_pre_hook(lambda m, args, kwargs: lengths.append(("forward", args[0].shape[-1])),
                                              with_kwargs=True)
+    step = model.decode_step
+    monkeypatch.setattr(model, "decode_step", lambda tokens, *a: lengths.append(("step", tokens.shape[-1]))
+                        or step(tokens, *a))
     try:
         generate(model, prompt(2, 6), 10, sampling=SamplingOptions(greedy=True))
     finally:
         handle.remove()
     n_steps = model.pattern.sequence_length(16) - 6
-    assert lengths == [6 + 1] + [1] * (n_steps - 1)
+    assert lengths == [("forward", 6 + 1)] + [("step", 1)] * (n_steps - 1)
 
 
 # ---- past the trained context -----------------------------------------------------------------
