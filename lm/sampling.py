@@ -181,7 +181,10 @@ def draw(filtered: torch.Tensor, generator: torch.Generator | None = None) -> to
 
     torch.multinomial(probs, 1)'s own algorithm for one draw, argmax(p / q) with q ~ Exp(1) drawn for every
     entry from `generator` (the same ids from the same generator state; tests/test_decode_step.py), without
-    its checks of the input: softmax of logits whose maximum is 0 has finite probabilities summing to >= 1."""
+    its checks of the input: softmax of logits whose maximum is 0 has finite probabilities summing to >= 1.
+    ValueError if a row's largest logit is NaN or infinite (a broken model), as multinomial would raise."""
+    if not bool(torch.isfinite(filtered.amax(dim=-1)).all()):
+        raise ValueError("the model gave NaN or infinite logits: its weights are broken or overflowed")
     probs = torch.softmax(filtered, dim=-1)
     flat = probs.reshape(-1, probs.shape[-1])
     q = torch.empty_like(flat).exponential_(1, generator=generator)

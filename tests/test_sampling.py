@@ -226,3 +226,14 @@ def test_sampling_frequencies_follow_the_filtered_distribution():
 def test_sample_next_rejects_bad_requests(kwargs, match):
     with pytest.raises(ValueError, match=match):
         sample_next(torch.randn(2, 5), **kwargs)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_nan_or_infinite_logit_is_refused_in_one_line(bad):
+    """A broken model's logits fail loudly instead of giving an arbitrary id (multinomial's old check)."""
+    from lm.sampling import draw
+
+    logits = torch.zeros(2, 8)
+    logits[1, 3] = bad
+    with pytest.raises(ValueError, match="NaN or infinite logits"):
+        draw(logits, torch.Generator().manual_seed(0))
