@@ -46,13 +46,15 @@ def test_call_counts_are_what_the_decoders_make(setup):
     from lm.masked_generate import model_calls
 
     _, ar, masked = setup
-    calls = []
-    ar_forward = ar.forward
-    ar.forward = lambda *a, **k: calls.append(1) or ar_forward(*a, **k)
+    calls = []  # the prefill's forward, then one decode_step per step (lm.decode_step)
+    ar_forward, ar_step = ar.forward, ar.decode_step
+    ar.forward = lambda *a, **k: calls.append("forward") or ar_forward(*a, **k)
+    ar.decode_step = lambda *a, **k: calls.append("step") or ar_step(*a, **k)
     try:
         generate(ar, torch.zeros(1, 2, 5, dtype=torch.long), 30, sampling=SamplingOptions(greedy=True))
     finally:
-        del ar.forward
+        del ar.forward, ar.decode_step
+    assert calls[0] == "forward" and set(calls[1:]) <= {"step"}
     assert len(calls) == bench.ar_calls(ar, 5, 30) == 30 + 1  # one per frame, and the delay pattern's tail
     steps = []
     generate(masked, torch.zeros(1, 2, 5, dtype=torch.long), 30,
