@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,7 @@ def load_hf_codec(path: str | Path, map_location: str | torch.device = "cpu") ->
     return adapter(model, source=str(path)).to(map_location).eval()
 
 
-class HFCodec(nn.Module):
+class HFCodec(nn.Module, ABC):
     """A transformers codec model behind rvqlm's codec interface (module docstring). Subclasses, one a
     family, set `family`, `model_class`, TOKEN_KEYS, DECODER_PREFIXES and implement `_encode`, `_decode`."""
 
@@ -118,13 +119,13 @@ class HFCodec(nn.Module):
     def check_config(self, config) -> None:
         """ValueError for a configuration of the family this adapter cannot turn into plain codes."""
 
+    @abstractmethod
     def _encode(self, wav: torch.Tensor, n_q: int) -> torch.Tensor:
         """wav [B, C, S] on the device -> codes [B, n_q, T] (the model's own encode)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, k, T] -> audio [B, C, S'] as the model's decode gives it (S' about T * hop)."""
-        raise NotImplementedError
 
     def frames_for(self, samples: int) -> int:
         """Frames `encode` makes of `samples` samples: ceil(samples / hop) for the three families."""
@@ -156,8 +157,9 @@ class HFCodec(nn.Module):
         return int(rate) if rate == int(rate) else rate
 
     @property
+    @abstractmethod
     def n_codebooks(self) -> int:
-        raise NotImplementedError
+        """Codebooks the model's quantizer holds (each family's config names them its own way)."""
 
     @property
     def codebook_size(self) -> int:
