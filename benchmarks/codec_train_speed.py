@@ -27,7 +27,7 @@ from codec.seanet import SEANetDecoderConfig
 CONFIGS = {  # CodecConfig keyword arguments
     "seanet (channels 32)": dict(decoder=SEANetDecoderConfig()),
     "istft dim 256 x 8": dict(decoder=ISTFTDecoderConfig(dim=256)),
-    "istft dim 384 x 8 (shipped)": dict(decoder=ISTFTDecoderConfig()),
+    "istft dim 384 x 8 (stage 8)": dict(decoder=ISTFTDecoderConfig()),
     "istft dim 512 x 8": dict(decoder=ISTFTDecoderConfig(dim=512)),
 }
 

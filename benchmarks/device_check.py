@@ -97,7 +97,7 @@ def section_codec_train(tiny: bool, device: str) -> dict:
     from codec import CodecConfig
 
     batch, seconds, steps = (1, 0.25, 2) if tiny else (8, 1.0, 20)  # the recipe's batch: 8 x 1 s crops
-    name = "istft dim 384 x 8 (shipped)"
+    name = "istft dim 384 x 8 (stage 8)"
     wav = torch.randn(batch, 1, int(16000 * seconds)) * 0.1
     step_s = statistics.median(time_codec_steps(CodecConfig(**CONFIGS[name]), wav, steps, device=device))
     result = {"config": name, "batch": batch, "crop_seconds": seconds, "steps": steps, "step_s": step_s,

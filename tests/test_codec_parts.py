@@ -1,7 +1,7 @@
 """A codec is composed of registered parts (codec.parts): a decoder defined and registered in this file
 alone trains through codec.training's real code path (`rvqlm train-codec`), encodes and decodes (any
-first k codebooks), streams, exports to int8, and learns a saved codec's tokens; the shipped codec's
-version-1 folder reads into the nested config with its fingerprints unchanged."""
+first k codebooks), streams, exports to int8, and learns a saved codec's tokens; a version-1 folder
+reads into the nested config with its fingerprints unchanged."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from codec import Codec, CodecConfig
@@ -19,9 +20,9 @@ from codec.parts import register_part
 from codec.streaming import StreamingDecoder, stream_roundtrip
 from codec.training import CodecModule
 from rvqlm.cli import main
+from rvqlm_core.persistence import CONFIG_METADATA
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = REPO / "models" / "codec-speech-16k"
 TINY_RECIPE = REPO / "recipes" / "codec_tiny.yaml"
 
 
@@ -150,22 +151,38 @@ def test_a_new_decoder_part_learns_a_saved_codecs_tokens(tmp_path, corpus_dir):
         CodecModule({**base.config.to_dict(), "decoder": TOY}, init_from=str(seanet))
 
 
-def test_the_shipped_codecs_version_1_folder_reads_nested_with_the_same_fingerprints(tmp_path):
-    """Its flat config.json converts to the defaults; the settings hashed are version 1's, so both
-    fingerprints stay; saved again it is a version-2 folder that loads to the same codec."""
-    flat = json.loads((SHIPPED / "config.json").read_text())
-    assert flat["format_version"] == 1
-    codec = Codec.from_pretrained(SHIPPED)
-    assert codec.config == CodecConfig()  # the defaults are the shipped codec's
-    shaping = {k: v for k, v in flat.items() if k not in ("format", "format_version", "encoder", "encoder_dim",
-                                                          "encoder_layers", "encoder_hop", "istft_phase")}
+# The flat config.json of a version-1 folder: the iSTFT codec shipped until commit 295b688 wrote this one.
+VERSION_1_CONFIG = {
+    "format": "rvqlm-codec", "format_version": 1, "causal": True, "channels": 1, "codebook_size": 1024,
+    "commitment_weight": 1.0, "compress": 2, "dead_code_threshold": 0.02, "decoder": "istft",
+    "decoder_channels": 32, "decoder_dim": 384, "decoder_layers": 8, "dilations": [1, 3, 9], "ema_decay": 0.99,
+    "encoder": "seanet", "encoder_channels": 8, "encoder_dim": 256, "encoder_full_rate_residuals": False,
+    "encoder_hop": 80, "encoder_layers": 6, "istft_hop": 160, "istft_n_fft": 640, "istft_phase": "angle",
+    "kernel_size": 7, "kmeans_init": True, "kmeans_iters": 10, "last_kernel_size": 7, "latent_dim": 64,
+    "n_codebooks": 8, "quantizer_dropout": 0.5, "residual_kernel_size": 3, "sample_rate": 16000,
+    "strides": [4, 4, 5, 4]}
+
+
+def test_a_version_1_folder_reads_nested_with_the_same_fingerprints(tmp_path):
+    """A flat config.json converts to the defaults; the settings hashed are version 1's, so both
+    fingerprints are those of the same codec built in memory; saved again it is a version-2 folder
+    that loads to the same codec."""
+    torch.manual_seed(0)
+    built = Codec(CodecConfig())
+    folder = built.save_pretrained(tmp_path / "v1")
+    (folder / "config.json").write_text(json.dumps(VERSION_1_CONFIG))
+    weights = load_file(folder / "model.safetensors")  # the weights record the config they were saved with
+    save_file(weights, folder / "model.safetensors", metadata={CONFIG_METADATA: json.dumps(VERSION_1_CONFIG)})
+    codec = Codec.from_pretrained(folder)
+    assert codec.config == CodecConfig()  # the defaults are the version-1 iSTFT codec's
+    shaping = {k: v for k, v in VERSION_1_CONFIG.items() if k not in (
+        "format", "format_version", "encoder", "encoder_dim", "encoder_layers", "encoder_hop", "istft_phase")}
     assert codec.config.shaping_settings() == flat_settings(codec.config) == shaping
-    assert codec.fingerprint() == "ecd8a87363df7dae8e7e817357dffbf5ed47e0eaa7418f12a739f385a3a018d9"
-    assert codec.token_fingerprint().startswith("e6a55039dd75")
+    assert (codec.fingerprint(), codec.token_fingerprint()) == (built.fingerprint(), built.token_fingerprint())
     again = Codec.from_pretrained(codec.save_pretrained(tmp_path / "v2", decoder_dtype="float16"))
     saved = json.loads((tmp_path / "v2" / "config.json").read_text())
     assert saved["format_version"] == 2 and saved["decoder"]["kind"] == "istft" and "istft_hop" not in saved
-    assert (again.fingerprint(), again.token_fingerprint()) == (codec.fingerprint(), codec.token_fingerprint())
+    assert again.token_fingerprint() == codec.token_fingerprint()
 
 
 def test_version_1_settings_convert_or_are_refused_by_name():

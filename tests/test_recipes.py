@@ -121,17 +121,19 @@ def test_a_source_filter_recipe_with_an_unknown_key_is_refused(tmp_path):
 
 
 def test_the_shipped_models_stages_parse_as_the_script_layers_them(capsys):
-    stacks = _stacks(SCRIPT.read_text())
-    assert [layers[-1] for command, layers in stacks if command == "train-codec"] == [
-        f"recipes/shipped/codec_speech_{stage}.yaml" for stage in
-        ("istft", "long_window", "long_window_joint", "long_window_joint", "cycle", "speed", "loudness_decoder",
-         "loudness_cycle", "voices")]
+    text = SCRIPT.read_text()
+    assert SOURCE_FILTER.findall(text) == ["recipes/codec_source_filter.yaml"], "the shipped codec's one recipe"
+    stacks = _stacks(text)
+    assert not [layers for command, layers in stacks if command == "train-codec"]
+    assert [layers[-1] for command, layers in stacks] == [
+        "recipes/lm_speech.yaml", "recipes/shipped/lm_speech_stage2.yaml", "recipes/lm_masked_speech.yaml",
+        "recipes/lm_speech_conditioned.yaml"]
     for command, layers in stacks:
         assert _print_config(command, layers, capsys)["model"]
 
 
 def test_recipes_holds_only_what_a_user_runs():
-    """The tiny recipes, the GPU-sized codec and the shipped models' stages (the codec's in
+    """The tiny recipes, the GPU-sized codec and the shipped models' recipes (the LM's second stage in
     recipes/shipped/); runs that were not kept live in recipes/experiments/ (docs/experiments.md)."""
     staged = {layer for _, layers in _stacks(SCRIPT.read_text()) for layer in layers}
     found = {str(p.relative_to(REPO)) for p in [*RECIPES.glob("*.yaml"), *RECIPES.glob("shipped/*.yaml")]}
