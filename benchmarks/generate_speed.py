@@ -55,7 +55,7 @@ if str(REPO) not in sys.path:  # run as a script: benchmarks/ is a package of th
     sys.path.insert(0, str(REPO))
 
 from benchmarks.shipped_speed import shipped_main  # noqa: E402
-from benchmarks.step_profile import copy_bandwidth  # noqa: E402
+from benchmarks.step_profile import copy_bandwidth, weight_bytes as step_weight_bytes  # noqa: E402
 from lm import LMConfig, MultiCodebookLM
 from lm.ar_decode import ARDecoding
 from lm.generate import generate
@@ -67,14 +67,6 @@ FRAME_RATE = 50
 def bench_config(max_seq_len: int) -> LMConfig:
     return LMConfig(n_codebooks=8, codebook_size=1024, d_model=512, n_layers=4, n_heads=8, ffn="swiglu",
                     norm="rmsnorm", pos="rope", pattern="delay", max_seq_len=max_seq_len)
-
-
-def matmul_weight_bytes(model: MultiCodebookLM) -> int:
-    """Bytes of the weights a decoding step reads in full: the blocks, the final norm and the heads."""
-    n = sum(p.numel() * p.element_size() for p in model.blocks.parameters())
-    n += sum(p.numel() * p.element_size() for p in model.final_norm.parameters())
-    heads = model.head_weights()
-    return n + heads.numel() * heads.element_size()
 
 
 def time_cached(model: MultiCodebookLM, batch: int, frames: int) -> tuple[float, float]:
@@ -191,7 +183,7 @@ def synthetic_main(args: argparse.Namespace) -> dict:
     steps = args.frames + n_c - 1  # delay pattern
     model = MultiCodebookLM(bench_config(max_seq_len=max(2048, steps))).eval()
     params = model.num_parameters()
-    weight_bytes = matmul_weight_bytes(model)
+    weight_bytes = step_weight_bytes(model)
     audio_s = args.frames / FRAME_RATE
     print(f"model: {params / 1e6:.1f}M parameters (d=512, 4 layers, N_c=8, |V|=1024, RoPE, delay), "
           f"{weight_bytes / 2**20:.1f} MiB read per step; {args.frames} frames = {audio_s:.0f} s of audio at "

@@ -127,12 +127,16 @@ def _chooser(sampling: SamplingOptions, generator: torch.Generator | None, choic
             filtered = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
             codes = draw(filtered, generator)
         confidence = filtered.log_softmax(dim=-1).gather(-1, codes[..., None])[..., 0]
-        scale = choice_temperature * anneal
-        if scale > 0:
-            u = torch.rand(confidence.shape, generator=generator, device=confidence.device)
-            confidence = confidence + scale * -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
-        return codes, confidence
+        return codes, with_choice_noise(confidence, choice_temperature * anneal, generator)
     return choose
+
+
+def with_choice_noise(confidence: Tensor, scale: float, generator: torch.Generator | None) -> Tensor:
+    """confidence [...] + scale x Gumbel noise (MaskGIT's choice temperature); drawn only when scale > 0."""
+    if scale <= 0:
+        return confidence
+    u = torch.rand(confidence.shape, generator=generator, device=confidence.device)
+    return confidence + scale * -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
 
 
 def check_choice_temperature(tau) -> float:

@@ -22,7 +22,7 @@ from lm.ar_decode import iter_decode, plan_generation
 from lm.conditioning import Condition
 from lm.guidance import GuidedDecoder
 from lm.int8 import to_int8
-from lm.masked_generate import _chooser
+from lm.masked_generate import _chooser, with_choice_noise
 from lm.rope import RotaryEmbedding
 from lm.sampling import SamplingOptions, filter_logits
 
@@ -141,11 +141,7 @@ def reference_chooser(sampling, generator, choice_temperature=0.0):
         codes = reference_sample_next(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.greedy,
                                       generator)
         confidence = filtered.log_softmax(dim=-1).gather(-1, codes[..., None])[..., 0]
-        scale = choice_temperature * anneal
-        if scale > 0:
-            u = torch.rand(confidence.shape, generator=generator, device=confidence.device)
-            confidence = confidence + scale * -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
-        return codes, confidence
+        return codes, with_choice_noise(confidence, choice_temperature * anneal, generator)
     return choose
 
 
