@@ -68,6 +68,18 @@ def _gate_and_value(ffn: nn.Module) -> Int8Linear | None:
     return kept[2]
 
 
+def prepare(model: nn.Module) -> nn.Module:
+    """Pack an int8 LM's layers for fbgemm and fuse its SwiGLU pairs (`_gate_and_value`) now, so that the
+    first prefill and step do not (lm.trunk's loading calls it); a float LM is left as it is."""
+    for module in model.modules():
+        if type(module) is Int8Linear:
+            module.pack()
+    for module in model.modules():
+        if type(module) is SwiGLU:
+            _gate_and_value(module)
+    return model
+
+
 def _self_attention(block: Block, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: KVCache) -> Tensor:
     """The block's attention over one new position x [B, 1, d] with the cache -> [B, 1, d] (before the residual)."""
     attn = block.attn

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from lm.conditioning import ConditionEncoder, ConditionInputs, condition_inputs
 from lm.config import LMConfig
+from lm.decode_step import prepare
 from lm.families import family_of
 from lm.int8 import float_state, head_logits, int8_head_weights, to_int8
 from lm.kv_cache import CrossMemory, KVCache
@@ -263,7 +264,8 @@ class LMTrunk(nn.Module):
         load_state(model, state, path)
         if pairs:
             to_int8(model, pairs)
-        return model.to(map_location)
+        model = model.to(map_location)
+        return prepare(model) if pairs else model
 
 
 # ---- loading an LM of any family ---------------------------------------------------------------------

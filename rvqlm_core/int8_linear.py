@@ -90,6 +90,13 @@ class Int8Linear(nn.Module):
         self._packed = None
         super()._load_from_state_dict(*args, **kwargs)
 
+    def pack(self) -> "Int8Linear":
+        """Build fbgemm's packed weight now (a CPU layer with fbgemm; else nothing) instead of in the first
+        call: loading pays for it, not the first generation step."""
+        if self._packed is None and self.weight.device.type == "cpu" and fbgemm_available():
+            self._packed = self._pack()
+        return self
+
     def _pack(self):
         with warnings.catch_warnings():  # PyTorch deprecates qint8 tensors; fbgemm's packed form still needs one
             warnings.simplefilter("ignore")
@@ -101,8 +108,7 @@ class Int8Linear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Int8Linear expects [..., {self.in_features}] inputs, got {tuple(x.shape)}")
         if self.weight.device.type == "cpu" and fbgemm_available():
-            if self._packed is None:
-                self._packed = self._pack()
+            self.pack()
             flat = x.reshape(-1, self.in_features).float().contiguous()
             y = torch.ops.quantized.linear_dynamic(flat, self._packed, not _full_range_activations())
             return y.reshape(*x.shape[:-1], self.out_features)

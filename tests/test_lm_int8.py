@@ -137,6 +137,27 @@ def test_saved_int8_folder_holds_int8_and_scales_and_loads_without_pickle(tmp_pa
             assert torch.equal(a.get_tensor(name), b.get_tensor(name)), name
 
 
+@pytest.mark.skipif(not fbgemm_available(), reason="fbgemm packs only on x86 CPUs")
+def test_loading_an_int8_folder_packs_its_layers_and_generates_as_one_packed_lazily(tmp_path):
+    from lm.decode_step import _FUSED
+
+    random_lm().save_pretrained(tmp_path / "int8", dtype="int8")
+    loaded = MultiCodebookLM.from_pretrained(tmp_path / "int8")  # lm.decode_step.prepare: packed at load
+    layers = [m for m in loaded.modules() if isinstance(m, Int8Linear)]
+    assert layers and all(m._packed is not None for m in layers)
+    assert all(block.ffn in _FUSED for block in loaded.blocks)  # each SwiGLU's W1 and W2 as one matrix
+    lazy = MultiCodebookLM.from_pretrained(tmp_path / "int8")
+    for m in lazy.modules():  # as before loading packed: each layer packed by its first call
+        if isinstance(m, Int8Linear):
+            m._packed = None
+    for block in lazy.blocks:
+        del _FUSED[block.ffn]
+    prompt = torch.randint(0, 32, (1, 3, 6), generator=torch.Generator().manual_seed(4))
+    codes = [generate(m, prompt, 20, sampling=SamplingOptions(top_k=8, seed=2)) for m in (loaded, lazy)]
+    assert torch.equal(codes[0], codes[1])
+    assert all(m._packed is not None for m in lazy.modules() if isinstance(m, Int8Linear))
+
+
 def test_an_int8_lm_refuses_training(tmp_path):
     random_lm().save_pretrained(tmp_path / "int8", dtype="int8")
     model = MultiCodebookLM.from_pretrained(tmp_path / "int8")
