@@ -5,7 +5,7 @@ It runs the kernels `MultiCodebookLM.forward(tokens, cache=cache)` runs, in the 
 shapes, so the logits are the same bit for bit (tests/test_decode_step.py), but without the cost around
 them: no per-call checks of the ids (the decoder feeds back its own), RoPE angles read from a table
 instead of computed each step, queries and keys rotated in one pass, norms and linear layers called
-without their module wrappers, no dropout calls (generation runs in eval mode), and the cache's keys and
+without their module wrappers (a float32 RMSNorm's ops called directly), no dropout calls (generation runs in eval mode), and the cache's keys and
 values written in place without dtype round trips; in an int8 LM, fbgemm called directly and a SwiGLU's two
 input matrices in one call (exact: see `_gate_and_value`). Anything it does not know (a mixture of experts, a
 norm or position kind of its own) goes through the block's own modules, which is the same arithmetic.
@@ -26,9 +26,14 @@ from rvqlm_core.int8_linear import Int8Linear, _full_range_activations
 
 
 def _norm(module: nn.Module, x: Tensor) -> Tensor:
-    """`module(x)` for the norms of lm.layers, called without the module wrapper."""
+    """`module(x)` for the norms of lm.layers, called without the module wrapper. A float32 RMSNorm on the
+    CPU runs the ops of ATen's CPU rms_norm itself (x^2 as x * x, the mean, + eps, rsqrt, two products):
+    the same values bit for bit, without the wrapper's per-op checks and dispatch."""
     if type(module) is RMSNorm:
-        return F.rms_norm(x, module.weight.shape, module.weight, module.eps)
+        w = module.weight
+        if x.dtype == w.dtype == torch.float32 and x.device.type == "cpu":
+            return x * torch.rsqrt((x * x).mean(-1, keepdim=True).add_(module.eps)) * w
+        return F.rms_norm(x, w.shape, w, module.eps)
     if type(module) is LayerNorm:
         return F.layer_norm(x, module.weight.shape, module.weight, module.bias, module.eps)
     return module(x)

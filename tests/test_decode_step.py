@@ -4,6 +4,7 @@
   forward with the KV cache: equal logits (torch.equal, not a tolerance) for every configuration, and equal
   tokens and logits of whole generations, `iter_decode(fast=True)` against `fast=False`, on the shipped AR LM
   (float32 and int8), the shipped conditioned LM at cfg 3 with monotonic reading, and past the context.
+  Its float32 RMSNorm against torch's, torch.equal.
 * sampling (`SamplingOptions.sample`, `draw`) and the masked family's chooser against the code they
   replaced, kept here as the reference.
 """
@@ -49,6 +50,20 @@ def test_rope_table_equals_the_angles_computed_per_position():
 
 
 COND = {"speakers": ["a", "b"], "text_max_bytes": 16, "encoder_layers": 1}
+
+
+def test_the_steps_rms_norm_equals_torchs_bit_for_bit():
+    from lm.decode_step import _norm
+    from lm.layers import RMSNorm
+
+    norm = RMSNorm(256)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.3, generator=g)
+        for shape in [(1, 1, 256), (2, 1, 256), (1, 157, 256)]:
+            for scale in (1e-3, 1.0, 30.0):
+                x = torch.randn(*shape, generator=g) * scale
+                assert torch.equal(_norm(norm, x), norm(x)), (shape, scale)
 
 
 @pytest.mark.parametrize("overrides", [
