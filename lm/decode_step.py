@@ -5,8 +5,9 @@ It runs the kernels `MultiCodebookLM.forward(tokens, cache=cache)` runs, in the 
 shapes, so the logits are the same bit for bit (tests/test_decode_step.py), but without the cost around
 them: no per-call checks of the ids (the decoder feeds back its own), RoPE angles read from a table
 instead of computed each step, queries and keys rotated in one pass, norms and linear layers called
-without their module wrappers (a float32 RMSNorm's ops called directly), no dropout calls (generation runs in eval mode), and the cache's keys and
-values written in place without dtype round trips; in an int8 LM, fbgemm called directly and a SwiGLU's two
+without their module wrappers (a float32 RMSNorm's ops called directly), no dropout calls (generation
+runs in eval mode), and the cache's keys and values written in place without dtype round trips; in an
+int8 LM, fbgemm called directly (its layers packed when the LM is loaded, `prepare`) and a SwiGLU's two
 input matrices in one call (exact: see `_gate_and_value`). Anything it does not know (a mixture of experts, a
 norm or position kind of its own) goes through the block's own modules, which is the same arithmetic.
 """
