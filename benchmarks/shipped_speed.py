@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from benchmarks.step_profile import copy_bandwidth, kv_bytes, part_profile, weight_bytes
+from benchmarks.step_profile import copy_bandwidth, kv_bytes, matvec_bandwidth, part_profile, weight_bytes
 from lm import load_lm
 from lm.ar_decode import ARDecoding
 from lm.conditioning import Condition
@@ -81,6 +81,14 @@ def ar_rows(args, bandwidth: float, results: dict) -> None:
         print(f"int8 / float32 frames/s (fast): {ratio:.2f}x; reference step: "
               f"{medians['float32 reference'] / medians['int8 reference']:.2f}x")
         out["int8_over_float32"] = ratio
+    if "float32" in models:
+        m = models["float32"]
+        rate, bound = matvec_bandwidth(m), (weight_bytes(m) + kv_bytes(m, 1, context)) / bandwidth
+        floor = weight_bytes(m) / rate
+        print(f"float32 matrix-vector kernel (one F.linear over the step's stacked weights): {rate / 1e9:.1f} GB/s, "
+              f"{rate / bandwidth:.2f} of the copy bandwidth; the float32 weights alone take {floor * 1e3:.3f} ms "
+              f"there = {floor / bound:.2f}x the bound")
+        out["float32 matvec"] = {"bytes_per_s": rate, "weights_s": floor, "x_bound": floor / bound}
     for dtype, m in models.items():
         parts = part_profile(m, runs[f"{dtype} fast"], args.frames)
         print_parts(f"AR {dtype}", parts, bandwidth, m, 1, context)

@@ -7,6 +7,8 @@ Used by benchmarks/generate_speed.py on a saved LM (the shipped one by default):
   step gathers N_c rows, nor a conditioned LM's cross-attention K/V projection, run once per sequence),
   the norm gains, and the keys and values the step attends over (self-attention at `context` positions,
   a conditioned LM's cached cross-attention keys and values).
+* `matvec_bandwidth(model)`: the rate torch's float32 matrix-vector kernel streams a step's weights at,
+  in one call over all of them stacked: the floor under a float32 step's matrix products here.
 * `part_profile`: each part of a real generation timed where it runs (lm.decode_step's parts wrapped in
   timers), per frame. Parts timed alone in a loop would read their weights from the CPU's caches and
   look several times cheaper than inside a step, which reads every weight once.
@@ -32,6 +34,27 @@ def copy_bandwidth(mbytes: int = 256, repeats: int = 5) -> float:
         dst.copy_(src)
         best = min(best, time.perf_counter() - t)
     return 2 * src.numel() * 4 / best
+
+
+def matvec_bandwidth(model, repeats: int = 50) -> float:
+    """Best-of-`repeats` bytes/s of float32 matrix-vector work as a step does it at batch 1, but in one call:
+    F.linear of one input row with every d-wide matrix of the step (blocks and heads) stacked into one
+    weight of the step's own size, so no per-call cost and no cache reuse between calls. The most a float32
+    step's matrix products can stream on this machine with torch's kernel, whatever is done around them."""
+    import torch.nn.functional as F
+
+    d = model.config.d_model
+    rows = [m.weight.detach().float().reshape(-1, d) for m in model.blocks.modules()
+            if isinstance(m, torch.nn.Linear) and m.in_features == d]
+    stacked = torch.cat([*rows, model.head_weights().detach().float().reshape(-1, d)])
+    x = torch.randn(1, d)
+    F.linear(x, stacked)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        F.linear(x, stacked)
+        best = min(best, time.perf_counter() - t)
+    return stacked.numel() * 4 / best
 
 
 def weight_bytes(model) -> int:
