@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 
 import torch
 
-from benchmarks.step_profile import copy_bandwidth, kv_bytes, matvec_bandwidth, part_profile, weight_bytes
+from benchmarks.step_profile import (copy_bandwidth, cpu_description, kv_bytes, matvec_bandwidth, part_profile,
+                                    weight_bytes)
 from lm import load_lm
 from lm.ar_decode import ARDecoding
 from lm.conditioning import Condition
@@ -140,11 +140,11 @@ def masked_rows(args, results: dict) -> None:
 
 def shipped_main(args: argparse.Namespace) -> dict:
     """Saved LMs (see benchmarks/generate_speed.py's docstring) -> the figures printed, as a dict."""
-    print(f"host: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads "
+    print(f"host: {cpu_description()}, {os.cpu_count()} CPUs, torch threads "
           f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
     bandwidth = copy_bandwidth()
     print(f"memory bandwidth (tensor copy, read + write): {bandwidth / 1e9:.1f} GB/s")
-    results = {"bandwidth_bytes_per_s": bandwidth, "threads": torch.get_num_threads(), "frames": args.frames,
+    results = {"cpu": cpu_description(), "bandwidth_bytes_per_s": bandwidth, "threads": torch.get_num_threads(), "frames": args.frames,
                "load_average": os.getloadavg()[0]}
     ar_rows(args, bandwidth, results)
     if args.cond_lm:

@@ -36,6 +36,27 @@ def copy_bandwidth(mbytes: int = 256, repeats: int = 5) -> float:
     return 2 * src.numel() * 4 / best
 
 
+def cpu_description() -> str:
+    """The CPU's model name and the vector extensions int8 and float32 kernels pick their paths by
+    (from /proc/cpuinfo; the machine's name where that cannot be read). Int8 speed differs several-fold
+    between CPUs with and without VNNI, so every speed figure should say which it came from."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields: dict[str, str] = {}
+    for line in info.splitlines():  # the first CPU's fields ("key<tabs>: value")
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.machine()
+    flags = set(fields.get("flags", "").split())
+    found = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags]
+    return f"{name} ({', '.join(found) or 'no AVX2'})"
+
+
 def matvec_bandwidth(model, repeats: int = 50) -> float:
     """Best-of-`repeats` bytes/s of float32 matrix-vector work as a step does it at batch 1, but in one call:
     F.linear of one input row with every d-wide matrix of the step (blocks and heads) stacked into one
