@@ -140,12 +140,13 @@ def masked_rows(args, results: dict) -> None:
 
 def shipped_main(args: argparse.Namespace) -> dict:
     """Saved LMs (see benchmarks/generate_speed.py's docstring) -> the figures printed, as a dict."""
-    print(f"host: {cpu_description()}, {os.cpu_count()} CPUs, torch threads "
-          f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
+    cpu = cpu_description()
+    print(f"host: {cpu}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, load average "
+          f"{os.getloadavg()[0]:.1f}")
     bandwidth = copy_bandwidth()
     print(f"memory bandwidth (tensor copy, read + write): {bandwidth / 1e9:.1f} GB/s")
-    results = {"cpu": cpu_description(), "bandwidth_bytes_per_s": bandwidth, "threads": torch.get_num_threads(), "frames": args.frames,
-               "load_average": os.getloadavg()[0]}
+    results = {"cpu": cpu, "bandwidth_bytes_per_s": bandwidth, "threads": torch.get_num_threads(),
+               "frames": args.frames, "load_average": os.getloadavg()[0]}
     ar_rows(args, bandwidth, results)
     if args.cond_lm:
         conditioned_rows(args, bandwidth, results)
