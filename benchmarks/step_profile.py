@@ -38,20 +38,14 @@ def copy_bandwidth(mbytes: int = 256, repeats: int = 5) -> float:
 
 def cpu_description() -> str:
     """The CPU's model name and the vector extensions int8 and float32 kernels pick their paths by
-    (from /proc/cpuinfo; the machine's name where that cannot be read). Int8 speed differs several-fold
-    between CPUs with and without VNNI, so every speed figure should say which it came from."""
+    (rvqlm_core.int8_linear.cpu_info; the machine's name where /proc/cpuinfo cannot be read). Int8 speed
+    differs several-fold between CPUs with and without VNNI, so every speed figure should say which it came from."""
     import platform
 
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-    except OSError:
-        return platform.processor() or platform.machine()
-    fields: dict[str, str] = {}
-    for line in info.splitlines():  # the first CPU's fields ("key<tabs>: value")
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name") or platform.machine()
+    from rvqlm_core.int8_linear import cpu_info
+
+    fields = cpu_info()
+    name = fields.get("model name") or platform.processor() or platform.machine()
     flags = set(fields.get("flags", "").split())
     found = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags]
     return f"{name} ({', '.join(found) or 'no AVX2'})"

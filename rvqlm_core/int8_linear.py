@@ -33,14 +33,25 @@ def fbgemm_available() -> bool:
 
 
 @functools.cache
+def cpu_info() -> dict[str, str]:
+    """The first CPU's fields of /proc/cpuinfo ("model name", "flags", ...); empty where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in lines:  # "key<tabs>: value"; later CPUs repeat the keys
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+@functools.cache
 def _full_range_activations() -> bool:
     """fbgemm may use all 8 bits of the quantized input only where VNNI accumulates in int32;
     older AVX2 kernels saturate int16 sums, so they get 7 (PyTorch's reduce_range)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
+    flags = cpu_info().get("flags", "")
     return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
