@@ -14,13 +14,28 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
-def check_file_destination(dest: str | os.PathLike) -> Path:
-    """`dest` as a Path, or ValueError in one line when it is an existing folder: a command that writes
-    a file checks its output before the work, not when the rename fails at the end."""
+def check_file_destination(dest: str | os.PathLike, *inputs: str | os.PathLike | None) -> Path:
+    """`dest` as a Path, or ValueError in one line when it is an existing folder or one of the command's
+    `inputs` (None: none given) by another name: a command that writes a file checks its output before
+    the work, not when the rename fails at the end, and never replaces what it reads."""
     dest = Path(dest)
     if dest.is_dir():
         raise ValueError(f"{dest} is a folder; give the output a file name (e.g. {dest / 'NAME'})")
+    for source in inputs:
+        if source is not None and _same_file(dest, Path(source)):
+            raise ValueError(f"refusing to write {dest}: it is the input file {source}, which it would replace; "
+                             "give the output another name")
     return dest
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """The same file: equal resolved paths (links and `..` followed), or one file under two names."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either one does not exist (yet)
+        return False
 
 
 @contextlib.contextmanager

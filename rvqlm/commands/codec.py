@@ -110,7 +110,7 @@ def _load(args: argparse.Namespace):
     from codec.loading import load_codec
     from rvqlm_core.atomic import check_file_destination
 
-    check_file_destination(args.output)  # before any work
+    check_file_destination(args.output, args.input)  # before any work
     codec = load_codec(args.codec, map_location=args.device)
     k = getattr(args, "n_codebooks", None)
     if k is not None and not 1 <= k <= codec.n_codebooks:

@@ -117,6 +117,12 @@ def check_request(args: argparse.Namespace) -> None:
             raise ValueError(f"--prompt-seconds must be > 0, got {args.prompt_seconds}")
     if Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} is a folder; give a file name such as {Path(args.out) / 'out.wav'}")
+    from rvqlm_core.atomic import check_file_destination
+
+    for paths in output_paths(args.out, args.num_samples, args.prompt is not None):
+        for out in (paths.continuation, paths.full):
+            if out is not None:
+                check_file_destination(out, args.prompt)  # out.wav or out.full.wav must not replace the prompt
 
 
 def check_pair(lm_model, codec) -> None:

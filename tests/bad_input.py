@@ -1,0 +1,118 @@
+"""What the bad-input tables (tests/test_bad_input_<command>.py) share: tiny models built in a second,
+small audio, and the check every row makes (issue 49): the exit code, one line on stderr without a
+traceback, and every file that existed before unchanged (sha256 before and after), with no file left
+behind but the ones the row expects.
+
+A table's rows are (id, argv with {placeholders}, exit code, a fragment of the stderr line, new files);
+`{placeholders}` name files of the row's workspace (`tmp_path`), built by the test file's fixtures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pytest
+import torch
+
+from rvqlm.cli import main
+
+SEANET = dict(kind="seanet", channels=4, dilations=(1, 3))
+N_C, V = 4, 32
+
+
+def make_codec(folder: Path) -> Path:
+    """A tiny causal SEANet codec (16 kHz, 50 frames/s, 4 codebooks of 32), its codebooks from k-means
+    on a second of noise: saved in `folder`."""
+    from codec import Codec, CodecConfig
+
+    config = CodecConfig.from_dict(dict(latent_dim=16, encoder=SEANET, decoder=SEANET,
+                                        quantizer=dict(n_codebooks=N_C, codebook_size=V, kmeans_iters=2)))
+    torch.manual_seed(0)
+    codec = Codec(config).train()
+    codec(0.1 * torch.randn(1, 1, 16000))
+    return codec.eval().save_pretrained(folder)
+
+
+def make_lm(folder: Path, codec_dir: Path) -> Path:
+    """A tiny AR LM (1 layer, 64 positions: 60 frames of context) on the tiny codec's tokens."""
+    from codec import Codec
+    from lm import LMConfig, MultiCodebookLM
+
+    fingerprint = Codec.from_pretrained(codec_dir).token_fingerprint()
+    torch.manual_seed(0)
+    cfg = LMConfig(n_codebooks=N_C, codebook_size=V, d_model=16, n_layers=1, n_heads=2, max_seq_len=64,
+                   codec_fingerprint=fingerprint)
+    return MultiCodebookLM(cfg).save_pretrained(folder)
+
+
+def write_wav(path: Path, seconds: float = 0.5, rate: int = 16000, peak: float = 0.5,
+              subtype: str = "PCM_16") -> Path:
+    """A voiced-sounding test signal (a 150 Hz buzz with noise), `peak` its largest magnitude."""
+    import soundfile as sf
+
+    t = np.arange(int(seconds * rate)) / rate
+    rng = np.random.default_rng(0)
+    x = np.sign(np.sin(2 * np.pi * 150 * t)) * 0.5 + np.sin(2 * np.pi * 450 * t) + 0.1 * rng.standard_normal(len(t))
+    x = (peak * x / np.abs(x).max()).astype(np.float32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(path), x, rate, subtype=subtype)
+    return path
+
+
+def hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under `root`, by path relative to it."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def run(argv: Sequence[str], capsys) -> tuple[int, str]:
+    """`rvqlm ARGV` in this process -> (exit code, stderr)."""
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # argparse's and LightningCLI's own exits
+        code = e.code if isinstance(e.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+def fill(argv: Sequence[str], where: Path) -> list[str]:
+    return [a.format(w=where) for a in argv]
+
+
+def check_row(root: Path, argv: Sequence[str], code: int, message: str, capsys,
+              new: Sequence[str] = ()) -> str:
+    """Run one row in `root` and check it (module docstring); returns its stderr line."""
+    before = hashes(root)
+    got, err = run(fill(argv, root), capsys)
+    assert_one_line(err, message)
+    assert got == code, err
+    assert_unchanged(root, before, new)
+    return err.strip()
+
+
+def assert_one_line(err: str, message: str) -> None:
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err, err
+    assert len(lines) == 1, err
+    assert message in lines[0], err
+
+
+def assert_unchanged(root: Path, before: dict[str, str], new: Sequence[str] = ()) -> None:
+    """Every file of `before` as it was, and nothing new under `root` but the files `new` names."""
+    after = hashes(root)
+    assert {k: after.get(k) for k in before} == before
+    assert sorted(set(after) - set(before)) == sorted(new)
+
+
+@pytest.fixture(autouse=True)
+def _debug_off(monkeypatch):
+    """The rows check what a user sees: never the RVQLM_DEBUG traceback."""
+    monkeypatch.delenv("RVQLM_DEBUG", raising=False)
+
+
+def one_thread_env() -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1")

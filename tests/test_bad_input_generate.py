@@ -1,0 +1,46 @@
+"""`rvqlm generate` on bad input (issue 49): one row a case; each row's exit code, its one line on stderr
+(no traceback), and every file that was there before unchanged (tests/bad_input.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from bad_input import _debug_off, check_row, make_codec, make_lm, write_wav  # noqa: F401 (a fixture)
+
+ROWS = [
+    # id, argv, exit code, in the stderr line, files it writes
+    ("out-is-the-prompt", ["--prompt", "{w}/p.wav", "--out", "{w}/p.wav"], 2, "is the input file", ()),
+    ("out-full-is-the-prompt", ["--prompt", "{w}/p.full.wav", "--out", "{w}/p.wav"], 2, "is the input file", ()),
+    ("a-numbered-out-is-the-prompt", ["--prompt", "{w}/p-2.wav", "--out", "{w}/p.wav", "--num-samples", "2"], 2,
+     "is the input file", ()),
+    ("out-is-a-folder", ["--out", "{w}/sub"], 2, "is a folder", ()),
+    ("missing-prompt", ["--prompt", "{w}/nope.wav", "--out", "{w}/o.wav"], 2, "no such file", ()),
+    ("no-lm-folder", ["--lm", "{w}/nowhere", "--out", "{w}/o.wav"], 2, "no LM folder", ()),
+    ("zero-seconds", ["--out", "{w}/o.wav", "--seconds", "0"], 2, "--seconds must be > 0", ()),
+]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    codec = make_codec(root / "codec")
+    return codec, make_lm(root / "lm", codec)
+
+
+@pytest.fixture
+def workspace(tmp_path, models):
+    shutil.copytree(models[0], tmp_path / "codec")
+    shutil.copytree(models[1], tmp_path / "lm")
+    for name in ("p.wav", "p.full.wav", "p-2.wav"):
+        write_wav(tmp_path / name, seconds=0.3)
+    (tmp_path / "sub").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, code, message, new", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input(workspace, capsys, argv, code, message, new):
+    lm = [] if "--lm" in argv else ["--lm", "{w}/lm"]
+    check_row(workspace, ["generate", *lm, "--codec", "{w}/codec", "--seconds", "0.1", "--no-progress", *argv],
+              code, message, capsys, new)

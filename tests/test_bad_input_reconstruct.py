@@ -1,0 +1,45 @@
+"""`rvqlm reconstruct` on bad input (issue 49): one row a case; each row's exit code, its one line on
+stderr (no traceback), and every file that was there before unchanged (tests/bad_input.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from bad_input import _debug_off, check_row, make_codec, write_wav  # noqa: F401 (a fixture)
+
+ROWS = [
+    # id, argv, exit code, in the stderr line, files it writes
+    ("output-is-the-input", ["{w}/in.wav", "{w}/in.wav"], 2, "is the input file", ()),
+    ("output-is-the-input-by-another-name", ["{w}/in.wav", "{w}/sub/../in.wav"], 2, "is the input file", ()),
+    ("output-is-a-folder", ["{w}/in.wav", "{w}/sub"], 2, "is a folder", ()),
+    ("missing-input", ["{w}/nope.wav", "{w}/out.wav"], 2, "no such file", ()),
+    ("not-audio", ["{w}/text.wav", "{w}/out.wav"], 2, "not a readable audio file", ()),
+    ("empty-input", ["{w}/empty.wav", "{w}/out.wav"], 2, "empty file", ()),
+    ("too-many-codebooks", ["{w}/in.wav", "{w}/out.wav", "--n-codebooks", "5"], 2, "--n-codebooks must be in 1..4", ()),
+    ("no-codec-folder", ["{w}/in.wav", "{w}/out.wav", "--codec", "{w}/nowhere"], 2, "no codec folder", ()),
+    ("chunk-shorter-than-a-sample", ["{w}/in.wav", "{w}/out.wav", "--stream", "--chunk-ms", "0"], 2,
+     "--chunk-ms must be at least one sample", ()),
+]
+
+
+@pytest.fixture(scope="module")
+def codec_dir(tmp_path_factory):
+    return make_codec(tmp_path_factory.mktemp("models") / "codec")
+
+
+@pytest.fixture
+def workspace(tmp_path, codec_dir):
+    shutil.copytree(codec_dir, tmp_path / "codec")
+    write_wav(tmp_path / "in.wav")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "text.wav").write_text("not audio\n")
+    (tmp_path / "empty.wav").write_bytes(b"")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, code, message, new", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input(workspace, capsys, argv, code, message, new):
+    codec = [] if "--codec" in argv else ["--codec", "{w}/codec"]
+    check_row(workspace, ["reconstruct", *argv, *codec], code, message, capsys, new)
