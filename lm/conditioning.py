@@ -30,10 +30,12 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from lm.aligned_text import FrameText, frame_units_from_durations
 from lm.config import ConditionConfig, LMConfig
 from lm.kv_cache import CrossMemory
 from lm.layers import Block, make_norm
 from lm.rope import RotaryEmbedding
+from lm.text_units import unit_ids
 
 PAD_BYTE = 256  # text rows past a text's end
 NULL_TEXT = 257  # the learned "no text" token
@@ -48,12 +50,16 @@ class ConditionInputs:
     text: Tensor
     text_len: Tensor
     speaker: Tensor
+    frame_units: Tensor | None = None  # aligned text (lm.aligned_text): [B, F] unit index per frame, -1 none
+    durations: Tensor | None = None  # [B, L] float frames per unit (< 0 unknown), the duration targets
 
     def __len__(self) -> int:
         return self.speaker.shape[0]
 
     def to(self, device: torch.device | str) -> "ConditionInputs":
-        return ConditionInputs(self.text.to(device), self.text_len.to(device), self.speaker.to(device))
+        move = (lambda x: None if x is None else x.to(device))
+        return ConditionInputs(self.text.to(device), self.text_len.to(device), self.speaker.to(device),
+                               move(self.frame_units), move(self.durations))
 
     def nulled(self, null_speaker: int, text: Tensor | None = None, speaker: Tensor | None = None
                ) -> "ConditionInputs":
@@ -62,14 +68,30 @@ class ConditionInputs:
         drop_text = torch.ones_like(self.text_len, dtype=torch.bool) if text is None else text
         drop_speaker = torch.ones_like(self.speaker, dtype=torch.bool) if speaker is None else speaker
         return ConditionInputs(self.text, self.text_len.masked_fill(drop_text, 0),
-                               self.speaker.masked_fill(drop_speaker, null_speaker))
+                               self.speaker.masked_fill(drop_speaker, null_speaker), self.frame_units, self.durations)
 
     def cat(self, other: "ConditionInputs") -> "ConditionInputs":
         """Rows of self, then rows of other ([2B] when both hold B)."""
-        width = max(self.text.shape[1], other.text.shape[1])
-        pad = [torch.nn.functional.pad(x.text, (0, width - x.text.shape[1]), value=PAD_BYTE) for x in (self, other)]
-        return ConditionInputs(torch.cat(pad), torch.cat([self.text_len, other.text_len]),
-                               torch.cat([self.speaker, other.speaker]))
+        return ConditionInputs(_cat_padded(self.text, other.text, PAD_BYTE), torch.cat([self.text_len, other.text_len]),
+                               torch.cat([self.speaker, other.speaker]),
+                               _cat_optional(self.frame_units, other.frame_units, len(self), len(other), -1),
+                               _cat_optional(self.durations, other.durations, len(self), len(other), -1.0))
+
+
+def _cat_padded(a: Tensor, b: Tensor, value) -> Tensor:
+    """[B1, W1] and [B2, W2] -> [B1 + B2, max(W1, W2)], the shorter rows padded with `value`."""
+    width = max(a.shape[1], b.shape[1])
+    return torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value) for x in (a, b)])
+
+
+def _cat_optional(a: Tensor | None, b: Tensor | None, rows_a: int, rows_b: int, value) -> Tensor | None:
+    """_cat_padded where either side may be None (then rows of `value`); None when both are."""
+    if a is None and b is None:
+        return None
+    like = a if a is not None else b
+    a = like.new_full((rows_a, 1), value) if a is None else a
+    b = like.new_full((rows_b, 1), value) if b is None else b
+    return _cat_padded(a, b, value)
 
 
 @dataclass(frozen=True)
@@ -79,6 +101,7 @@ class Condition:
 
     text: str | Sequence[str | None] | None = None
     speaker: str | Sequence[str | None] | None = None
+    durations: Sequence[int] | Sequence[Sequence[int]] | None = None  # aligned text: frames per unit (None: predicted)
 
     @property
     def given(self) -> bool:
@@ -103,26 +126,18 @@ def _per_row(values: str | Sequence[str | None] | None, batch_size: int, what: s
 
 
 def condition_inputs(cond: ConditionConfig, texts: str | Sequence[str | None] | None,
-                     speakers: str | Sequence[str | None] | None, batch_size: int) -> ConditionInputs:
+                     speakers: str | Sequence[str | None] | None, batch_size: int,
+                     durations: Sequence[int] | Sequence[Sequence[int]] | None = None) -> ConditionInputs:
     """Texts and speaker names (one per row, or one for all; None or "" = null) -> ConditionInputs.
+    An aligned-text LM (cond.alphabet) reads units (lm.text_units) and may be given each row's
+    `durations` (frames per unit, edges included; None: the LM predicts them).
 
-    Raises ValueError for a text longer than `text_max_bytes` in UTF-8 or a speaker not in the
-    model's table, naming the limit or the known speakers.
+    Raises ValueError for a text longer than `text_max_bytes` (UTF-8 bytes, or units), a text the
+    alphabet cannot say, or a speaker not in the model's table, naming the limit or what is known.
     """
     texts = _per_row(texts, batch_size, "text")
     speakers = _per_row(speakers, batch_size, "speaker")
-    encoded = []
-    for t in texts:
-        if t is not None and not isinstance(t, str):
-            raise ValueError(f"a text must be a string, got {type(t).__name__}")
-        try:
-            data = (t or "").encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(f"text {t[:40]!r} is not encodable as UTF-8 ({e.reason})") from None
-        if len(data) > cond.text_max_bytes:
-            raise ValueError(f"text of {len(data)} UTF-8 bytes is over this LM's limit of text_max_bytes="
-                             f"{cond.text_max_bytes}: {t[:40]!r}...")
-        encoded.append(data)
+    encoded = [_encode_text(cond, t) for t in texts]
     width = max([1, *(len(d) for d in encoded)])
     text = torch.full((batch_size, width), PAD_BYTE, dtype=torch.long)
     for row, data in enumerate(encoded):
@@ -130,7 +145,39 @@ def condition_inputs(cond: ConditionConfig, texts: str | Sequence[str | None] | 
     text_len = torch.tensor([len(d) for d in encoded], dtype=torch.long)
     speaker = torch.tensor([cond.null_speaker if s in (None, "") else cond.speaker_id(s) for s in speakers],
                            dtype=torch.long)
-    return ConditionInputs(text, text_len, speaker)
+    frame_units = None
+    if durations is not None:
+        if not cond.alphabet:
+            raise ValueError("durations are for an aligned-text LM (condition.alphabet); this LM reads free text")
+        rows = [list(durations)] * batch_size if durations and isinstance(list(durations)[0], int) \
+            else [list(d) for d in durations]
+        if len(rows) != batch_size or any(len(d) != len(e) for d, e in zip(rows, encoded)):
+            raise ValueError(f"durations must give one frame count per unit of each text "
+                             f"({[len(e) for e in encoded]} units), got {[len(d) for d in rows]}")
+        if any(int(x) < 0 for d in rows for x in d):
+            raise ValueError("durations must be frame counts >= 0")
+        frame_units = frame_units_from_durations(rows)
+    return ConditionInputs(text, text_len, speaker, frame_units)
+
+
+def _encode_text(cond: ConditionConfig, t: str | None) -> list[int] | bytes:
+    """One row's text -> its ids: UTF-8 bytes, or an aligned-text LM's unit ids ([] / b"" for a null text)."""
+    if t is not None and not isinstance(t, str):
+        raise ValueError(f"a text must be a string, got {type(t).__name__}")
+    if cond.alphabet:
+        ids = unit_ids(t, cond.alphabet) if t else []
+        if len(ids) > cond.text_max_bytes:
+            raise ValueError(f"text of {len(ids)} units is over this LM's limit of text_max_bytes="
+                             f"{cond.text_max_bytes}: {t[:40]!r}...")
+        return ids
+    try:
+        data = (t or "").encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text {t[:40]!r} is not encodable as UTF-8 ({e.reason})") from None
+    if len(data) > cond.text_max_bytes:
+        raise ValueError(f"text of {len(data)} UTF-8 bytes is over this LM's limit of text_max_bytes="
+                         f"{cond.text_max_bytes}: {t[:40]!r}...")
+    return data
 
 
 class ConditionEncoder(nn.Module):
@@ -149,6 +196,7 @@ class ConditionEncoder(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(self.cond.encoder_layers))
         self.norm = make_norm(cfg)
+        self.frame_text = FrameText(cfg.d_model) if self.cond.alphabet else None  # lm.aligned_text
 
     @torch.no_grad()
     def reset_voice(self) -> None:
@@ -195,8 +243,14 @@ class ConditionEncoder(nn.Module):
         key_mask = mask[:, None, None, :]  # every real position sees every real position: no causal mask
         for block in self.blocks:
             h = block(h, rope, None, key_mask)
-        return CrossMemory(self.norm(centred(h, mask)), mask, voice=self.voice(inputs.speaker),
-                           text_len=inputs.text_len)
+        states = self.norm(centred(h, mask))
+        memory = CrossMemory(states, mask, voice=self.voice(inputs.speaker), text_len=inputs.text_len)
+        if self.frame_text is not None:
+            frame_units = inputs.frame_units
+            if frame_units is None:  # generation: the predicted durations place the text
+                frame_units = frame_units_from_durations(self.frame_text.predict(states, inputs.text_len)).to(h.device)
+            memory.frames = self.frame_text.frames(states, frame_units, inputs.text_len)
+        return memory
 
 
 def centred(h: Tensor, mask: Tensor) -> Tensor:

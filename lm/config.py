@@ -53,6 +53,8 @@ class ConditionConfig:
     guided_heads: int = 2  # the first guided_heads cross-attention heads of every decoder layer are guided
     context_noise: float = 0.0  # training: each input code replaced by a random one at this rate (Tacotron's
     # prenet-dropout bottleneck: an unreliable audio history makes the decoder lean on its text)
+    alphabet: str = ""  # aligned text (lm.aligned_text): the units the LM reads (lm.text_units); "": UTF-8 bytes
+    duration_loss: float = 1.0  # weight of the duration predictor's squared error (aligned text only)
 
     def __post_init__(self) -> None:
         if not isinstance(self.speakers, (list, tuple)) or not all(isinstance(s, str) and s for s in self.speakers):
@@ -67,6 +69,12 @@ class ConditionConfig:
         for name in ("text_dropout", "speaker_dropout", "context_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"condition.{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if self.alphabet and (not isinstance(self.alphabet, str) or not self.alphabet.startswith("_ ")
+                              or len(set(self.alphabet)) != len(self.alphabet) or len(self.alphabet) > 256):
+            raise ValueError("condition.alphabet must be lm.text_units' alphabet: '_', ' ', then distinct letters "
+                             f"(at most 256 units), got {self.alphabet!r}")
+        if not self.duration_loss >= 0.0:
+            raise ValueError(f"condition.duration_loss must be >= 0, got {self.duration_loss!r}")
         if not self.guided_attention >= 0.0 or not self.guided_sigma > 0.0:
             raise ValueError(f"condition.guided_attention must be >= 0 and guided_sigma > 0, got "
                              f"{self.guided_attention!r} and {self.guided_sigma!r}")

@@ -38,14 +38,16 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from lm.aligned_text import aligned_durations, frame_units_from_durations
 from lm.config import LMConfig
+from lm.text_units import build_alphabet
 from rvqlm_core.batch_stream import BatchStream, StreamLoader, StreamPosition, worker_share
 from lm.splits import SPLIT_NAMES, SplitBy, file_weights, hash_fraction, select_split  # noqa: F401
 from rvqlm_core.token_shards import TokenShards
@@ -61,11 +63,12 @@ class TokenFiles:
     relpaths: tuple[str, ...]
     texts: tuple[str, ...] = ()
     speakers: tuple[str, ...] = ()
+    durations: tuple[tuple[int, ...], ...] | None = None  # aligned text: frames per unit (() for no text)
 
     @classmethod
     def of_split(cls, tokens_dir: str | os.PathLike, split: str, split_by: SplitBy = "prefix",
                  valid_fraction: float = 0.1, shards: TokenShards | None = None,
-                 text_field: str = "text") -> "TokenFiles":
+                 text_field: str = "text", alignments: bool = False) -> "TokenFiles":
         shards = shards or TokenShards.open(tokens_dir)
         relpaths = [e.path for e in shards.entries]
         chosen = [i for i in select_split(relpaths, split, split_by, valid_fraction)
@@ -75,8 +78,11 @@ class TokenFiles:
         texts = tuple(metadata_string(shards.entries[i].metadata, text_field, tokens_dir, relpaths[i]) for i in chosen)
         speakers = tuple(metadata_string(shards.entries[i].metadata, "speaker", tokens_dir, relpaths[i])
                          for i in chosen)
+        durations = None
+        if alignments:
+            durations = aligned_durations(tokens_dir, [shards.entries[i] for i in chosen], texts)
         return cls(str(tokens_dir), tuple(chosen), tuple(shards.entries[i].n_frames for i in chosen),
-                   tuple(relpaths[i] for i in chosen), texts, speakers)
+                   tuple(relpaths[i] for i in chosen), texts, speakers, durations)
 
     @cached_property
     def _file_of_entry(self) -> dict[int, int]:
@@ -86,13 +92,28 @@ class TokenFiles:
         """The conditions of windows (entry index, start, n frames): text ("" unless the window starts
         the file), speaker and ends [B] bool (see the module docstring)."""
         files = [self._file_of_entry[entry] for entry, _, _ in spans]
-        return {"text": [self.texts[f] if start == 0 else "" for f, (_, start, _) in zip(files, spans)],
-                "speaker": [self.speakers[f] for f in files],
-                "ends": torch.tensor([start + n == self.n_frames[f] for f, (_, start, n) in zip(files, spans)])}
+        says = [(bool(self.durations[f]) if self.durations is not None else start == 0) for f, (_, start, _)
+                in zip(files, spans)]
+        out = {"text": [self.texts[f] if say else "" for f, say in zip(files, says)],
+               "speaker": [self.speakers[f] for f in files],
+               "ends": torch.tensor([start + n == self.n_frames[f] for f, (_, start, n) in zip(files, spans)])}
+        if self.durations is not None:  # every window reads its file's whole text, placed on its frames
+            rows = [self.durations[f] for f in files]
+            units = frame_units_from_durations([d or [0] for d in rows], max(self.n_frames[f] for f in files))
+            units = torch.where(torch.tensor([bool(d) for d in rows])[:, None], units, -1)
+            width = max(span[2] for span in spans)
+            out["frame_units"] = torch.stack([torch.nn.functional.pad(units[row, start:start + n], (0, width - n),
+                                                                      value=-1)
+                                              for row, (_, start, n) in enumerate(spans)])
+            out["durations"] = torch.full((len(rows), max([1, *(len(d) for d in rows)])), -1.0)
+            for row, d in enumerate(rows):
+                out["durations"][row, :len(d)] = torch.tensor(d, dtype=torch.float32)
+        return out
 
     def conditions_sha256(self) -> str:
-        """A hash of every file's text and speaker: a resumed run must read the same conditions."""
-        return hashlib.sha256(json.dumps([self.texts, self.speakers], ensure_ascii=False).encode()).hexdigest()
+        """A hash of every file's text, speaker (and durations): a resumed run must read the same conditions."""
+        data = [self.texts, self.speakers] + ([self.durations] if self.durations is not None else [])
+        return hashlib.sha256(json.dumps(data, ensure_ascii=False).encode()).hexdigest()
 
     @property
     def total_frames(self) -> int:
@@ -268,6 +289,8 @@ class TokenDataModule(pl.LightningDataModule):
         seed: the training stream's seed.
         conditions: give each window its file's text, speaker and end (a conditioned LM; see the
             module docstring); `text_field` names the metadata column of the text.
+        alignments: an aligned-text LM's data (lm.aligned_text): every window reads its file's whole text,
+            each frame's unit and the units' durations from the folder's alignments.jsonl (`rvqlm align`).
         sample_weights: {glob: weight}: training files whose path in the token folder matches a glob
             (fnmatch, the first that matches) are drawn weight times as often per frame; others 1.
         keep_codebooks: model only the first k codebooks of the folder's N_c (None: all), e.g. 8 of
@@ -283,7 +306,8 @@ class TokenDataModule(pl.LightningDataModule):
                  batches_per_epoch: int = 1000, split_by: SplitBy = "prefix", valid_fraction: float = 0.1,
                  valid_batch_size: int | None = None, max_valid_windows: int | None = None,
                  num_workers: int = 0, seed: int = 0, conditions: bool = False, text_field: str = "text",
-                 sample_weights: dict[str, float] | None = None, keep_codebooks: int | None = None):
+                 sample_weights: dict[str, float] | None = None, keep_codebooks: int | None = None,
+                 alignments: bool = False):
         super().__init__()
         if not Path(tokens_dir).is_dir():
             raise FileNotFoundError(f"token folder {tokens_dir} does not exist (make it with `rvqlm tokenize`)")
@@ -299,9 +323,16 @@ class TokenDataModule(pl.LightningDataModule):
         self.codebook_size = int(shards.codebook_size)
         self.codec_fingerprint = str(shards.fingerprint)
         self.frame_rate = float(shards.frame_rate)
-        self.train_files = TokenFiles.of_split(self.tokens_dir, "train", split_by, valid_fraction, shards, text_field)
-        self.valid_files = TokenFiles.of_split(self.tokens_dir, "valid", split_by, valid_fraction, shards, text_field)
+        if alignments and not conditions:
+            raise ValueError("data.alignments places texts on frames: it needs data.conditions: true")
+        self.alignments = alignments
+        self.train_files = TokenFiles.of_split(self.tokens_dir, "train", split_by, valid_fraction, shards, text_field,
+                                               alignments)
+        self.valid_files = TokenFiles.of_split(self.tokens_dir, "valid", split_by, valid_fraction, shards, text_field,
+                                               alignments)
         self.speakers = sorted({str(e.metadata["speaker"]) for e in shards.entries if e.metadata.get("speaker")})
+        # an aligned-text LM's units: every letter the training and held-out texts use (lm.text_units)
+        self.alphabet = build_alphabet(self.train_files.texts + self.valid_files.texts) if alignments else None
         self.conditions = conditions
         self.window_frames = window_frames
         self.batch_size = batch_size
@@ -370,6 +401,9 @@ def check_conditions(cfg: LMConfig, dm: TokenDataModule) -> None:
                          "data.conditions: true) or neither")
     if cfg.condition is None:
         return
+    if bool(cfg.condition.alphabet) != dm.alignments:
+        raise ValueError(f"the LM {'reads' if cfg.condition.alphabet else 'does not read'} aligned text "
+                         f"(condition.alphabet) but data.alignments is {dm.alignments}: set both or neither")
     known = set(cfg.condition.speakers)
     for files in (dm.train_files, dm.valid_files):
         for path, text, speaker in zip(files.relpaths, files.texts, files.speakers):
@@ -379,3 +413,18 @@ def check_conditions(cfg: LMConfig, dm: TokenDataModule) -> None:
             if speaker and speaker not in known:
                 raise ValueError(f"{dm.tokens_dir}: {path}: speaker {speaker!r} is not in the LM's table "
                                  f"({', '.join(cfg.condition.speakers) or 'empty'})")
+
+
+# ---- a batch's conditions, as the model's loss takes them -------------------------------------------
+
+def batch_conditions(model, batch: dict, ends: bool = True) -> dict[str, Any]:
+    """The `loss` arguments of a batch's conditions for a conditioned LM ({} for an unconditioned
+    one): condition (texts and speakers, "" = null) and, with `ends`, the file ends."""
+    if model.config.condition is None:
+        return {}
+    n = batch["codes"].shape[0]
+    condition = model.condition_inputs([t or None for t in batch["text"]], [s or None for s in batch["speaker"]], n)
+    if "frame_units" in batch:  # aligned text (lm.aligned_text): where each unit is said, and the durations
+        condition.frame_units = batch["frame_units"].to(condition.text.device)
+        condition.durations = batch["durations"].to(condition.text.device)
+    return {"condition": condition, "ends": batch["ends"] if ends else None}

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lm.aligned_text import frames_at
 from lm.kv_cache import CrossMemory, KVCache
 from lm.layers import Block, LayerNorm, RMSNorm, SwiGLU
 from lm.rope import apply_rotary
@@ -139,6 +140,8 @@ def decode_step(model, tokens: Tensor, cache: KVCache, memory: CrossMemory | Non
     h = model.embed(tokens)
     if memory is not None and memory.voice is not None:
         h = h + memory.voice.to(h.dtype)[:, None, :]
+    if memory is not None and memory.frames is not None:
+        h = h + frames_at(memory.frames, positions).to(h.dtype)
     rope = None
     if model.pos_embedding is not None:
         h = h + model.pos_embedding(positions)

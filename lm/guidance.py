@@ -53,7 +53,7 @@ class GuidedDecoder:
         condition = condition or Condition()
         self.scale, self.speaker_scale = sampling.guidance_scales(condition.given)
         self.groups = 3 if self.speaker_scale != self.scale else 2 if self.scale != 1.0 else 1
-        inputs = model.condition_inputs(condition.text, condition.speaker, batch_size)
+        inputs = model.condition_inputs(condition.text, condition.speaker, batch_size, condition.durations)
         null = model.condition_encoder.null_inputs(batch_size)
         if self.groups == 3:  # rows 0..B-1 conditional, B..2B-1 the speaker alone, 2B..3B-1 the null conditions
             alone = inputs.nulled(model.config.condition.null_speaker,

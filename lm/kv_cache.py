@@ -213,6 +213,8 @@ class CrossMemory:
     None: each forward projects `states` itself (training). voice [B, d]: the speaker's row of the
     encoder's voice table, which the decoder adds to every input position (None: nothing added).
     text_len [B] long: the bytes of text each row reads after condition dropout (0: null text).
+    frames [B, F, d]: an aligned-text LM's text stream (lm.aligned_text), added to the decoder input at
+    positions 0..F-1 (None: nothing added).
     """
 
     states: Tensor
@@ -220,6 +222,7 @@ class CrossMemory:
     kv: list[tuple[Tensor, Tensor]] | None = None
     voice: Tensor | None = None
     text_len: Tensor | None = None
+    frames: Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -157,8 +157,9 @@ class MultiCodebookLM(LMTrunk):
         return self._token_nll(codes, frame_mask, condition, ends, guide=False)[:2]
 
     def _token_nll(self, codes: Tensor, frame_mask: Tensor | None, condition: ConditionInputs | None,
-                   ends: Tensor | None, guide: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-        """token_nll, plus with `guide` the guided-attention loss of the same forward (lm.alignment)."""
+                   ends: Tensor | None, guide: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """token_nll, plus with `guide` the guided-attention loss of the same forward (lm.alignment), and an
+        aligned-text LM's duration loss where the condition carries duration targets (lm.aligned_text)."""
         self._check_codes(codes, frame_mask)
         cfg = self.config
         if cfg.condition is None and (condition is not None or ends is not None):
@@ -181,7 +182,11 @@ class MultiCodebookLM(LMTrunk):
         nll = F.cross_entropy(rearrange(logits, "b c s v -> (b c s) v"), seq.masked_fill(~valid, -100).flatten(),
                               ignore_index=-100, reduction="none")
         guided = guided_attention_loss(recorded, memory, ends, valid, cfg.condition) if guide else None
-        return nll.view_as(seq), valid, guided
+        duration = None
+        if memory is not None and memory.frames is not None and condition is not None and condition.durations is not None:
+            duration = self.condition_encoder.frame_text.duration_loss(
+                memory.states, condition.durations.to(memory.states.device), memory.text_len)
+        return nll.view_as(seq), valid, guided, duration
 
     def loss(self, codes: Tensor, frame_mask: Tensor | None = None, condition: ConditionInputs | None = None,
              ends: Tensor | None = None, guide: bool | None = None) -> LMLoss:
@@ -189,10 +194,11 @@ class MultiCodebookLM(LMTrunk):
         -> LMLoss: mean next-token NLL over the valid targets of all codebooks (nats/token).
         condition, ends: a conditioned LM's (see `token_nll`); guide: lm.alignment's loss too (None: if training)."""
         weighted = self.config.condition is not None and self.config.condition.guided
-        nll, valid, guided = self._token_nll(codes, frame_mask, condition, ends, weighted and self.training
-                                             if guide is None else guide)
+        nll, valid, guided, duration = self._token_nll(codes, frame_mask, condition, ends, weighted and self.training
+                                                       if guide is None else guide)
         nll_sum, count = nll.sum(dim=(0, 2)), valid.sum(dim=(0, 2))
-        return LMLoss(loss=nll_sum.sum() / count.sum().clamp(min=1), nll_sum=nll_sum, count=count, guide=guided)
+        return LMLoss(loss=nll_sum.sum() / count.sum().clamp(min=1), nll_sum=nll_sum, count=count, guide=guided,
+                      duration=duration)
 
     def log_likelihood(self, codes: Tensor, frame_mask: Tensor | None = None, condition: ConditionInputs | None = None,
                        ends: Tensor | None = None) -> Tensor:

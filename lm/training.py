@@ -37,7 +37,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import Tensor, nn
 
 from lm.config import LMConfig
-from lm.data import TokenDataModule, TokenFiles, ValidWindows, check_conditions
+from lm.data import TokenDataModule, TokenFiles, ValidWindows, batch_conditions, check_conditions
 from lm.families import family_of, recipe_family
 from lm.trunk import build_lm, load_lm
 from lm.model import MultiCodebookLM
@@ -45,6 +45,7 @@ from lm.moe import moe_aux_loss
 from lm.warm_start import warm_start
 from rvqlm_core.atomic import atomic_path
 from rvqlm_core.rng_state import ResumesRngState
+from rvqlm_core.run_folder import check_new_run
 
 # ---- measurement ------------------------------------------------------------------------------------
 
@@ -113,18 +114,6 @@ def check_fingerprint(lm_fingerprint: str | None, tokens_fingerprint: str | None
                          f"holds tokens of codec {tok_fp}; token ids of different codecs mean different sounds")
 
 
-# ---- conditions ------------------------------------------------------------------------------------
-
-def batch_conditions(model: MultiCodebookLM, batch: dict, ends: bool = True) -> dict[str, Any]:
-    """The `loss` arguments of a batch's conditions for a conditioned LM ({} for an unconditioned
-    one): condition (texts and speakers, "" = null) and, with `ends`, the file ends."""
-    if model.config.condition is None:
-        return {}
-    n = batch["codes"].shape[0]
-    condition = model.condition_inputs([t or None for t in batch["text"]], [s or None for s in batch["speaker"]], n)
-    return {"condition": condition, "ends": batch["ends"] if ends else None}
-
-
 # ---- the LightningModule ----------------------------------------------------------------------------
 
 class LMTrainingModule(ResumesRngState, pl.LightningModule):
@@ -145,6 +134,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         fresh_lr_scale: the learning rate of the parameters init_from leaves fresh (a conditioned LM's
             encoder and cross-attention) is lr times this; the copied ones train at lr.
         speakers: the speaker table of a conditioned LM whose config lists none (linked from the data).
+        alphabet: an aligned-text LM's units where its config names none (linked from the data, lm.aligned_text).
     """
 
     def __init__(self, config: LMConfig, n_codebooks: int | None = None, codebook_size: int | None = None,
@@ -152,12 +142,14 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
                  adam_eps: float = 1e-8, weight_decay: float = 0.1, warmup_steps: int = 100,
                  min_lr_ratio: float = 0.1, total_steps: int | None = None, measure_peak: bool = True,
                  export: bool = True, init_from: str | None = None, speakers: list[str] | None = None,
-                 fresh_lr_scale: float = 1.0):
+                 fresh_lr_scale: float = 1.0, alphabet: str | None = None):
         super().__init__()
         overrides = {k: v for k, v in (("n_codebooks", n_codebooks), ("codebook_size", codebook_size),
                                        ("codec_fingerprint", codec_fingerprint)) if v is not None}
         if config.condition is not None and not config.condition.speakers and speakers:
             overrides["condition"] = dataclasses.replace(config.condition, speakers=list(speakers))
+        if config.condition is not None and not config.condition.alphabet and alphabet:
+            overrides["condition"] = dataclasses.replace(overrides.get("condition", config.condition), alphabet=alphabet)
         self.lm_config = dataclasses.replace(config, **overrides)
         if not fresh_lr_scale > 0 or (fresh_lr_scale != 1.0 and init_from is None):
             raise ValueError(f"fresh_lr_scale must be > 0, and is for the parameters init_from leaves fresh (give "
@@ -166,7 +158,8 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
             raise ValueError(f"need lr > 0, warmup_steps >= 0 and min_lr_ratio in [0, 1]; got {lr}, "
                              f"{warmup_steps}, {min_lr_ratio}")
         # Plain values only, so checkpoints load with torch.load(weights_only=True).
-        self.save_hyperparameters(ignore=["config", "n_codebooks", "codebook_size", "codec_fingerprint", "speakers"])
+        self.save_hyperparameters(ignore=["config", "n_codebooks", "codebook_size", "codec_fingerprint", "speakers",
+                                          "alphabet"])
         self.hparams["config"] = self.lm_config.to_dict()  # complete, as LightningCLI re-reads it on resume
         self.model = build_lm(self.lm_config)  # the model of the config's family (lm.families)
         self._fresh: list[str] = []  # parameters init_from left at their initialisation
@@ -206,6 +199,9 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         if out.guide is not None:  # guided attention (lm.alignment), weighted by the condition config
             self.log("train/guide", out.guide.detach(), on_step=True, on_epoch=False)
             total = total + self.lm_config.condition.guided_attention * out.guide
+        if out.duration is not None:  # an aligned-text LM's duration predictor (lm.aligned_text)
+            self.log("train/duration", out.duration.detach(), on_step=True, on_epoch=False)
+            total = total + self.lm_config.condition.duration_loss * out.duration
         aux = moe_aux_loss(self.model)  # a mixture of experts' load balance (lm.moe), weighted by the config
         if aux is None:
             return total
@@ -245,15 +241,16 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         n_c = self.lm_config.n_codebooks
         self._val_nll = torch.zeros(n_c, dtype=torch.float64, device=self.device)
         self._val_count = torch.zeros(n_c, dtype=torch.float64, device=self.device)
-        self._val_guide = []
+        self._val_aux: dict[str, list[Tensor]] = {}  # guide, duration: the auxiliary losses on held-out windows
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         guide = self.lm_config.condition is not None and self.lm_config.condition.guided
         out = self.model.loss(batch["codes"], batch["frame_mask"], **batch_conditions(self.model, batch), guide=guide)
         self._val_nll += out.nll_sum.double()
         self._val_count += out.count.double()
-        if out.guide is not None:
-            self._val_guide.append(out.guide.detach())
+        for name in ("guide", "duration"):
+            if getattr(out, name) is not None:
+                self._val_aux.setdefault(name, []).append(getattr(out, name).detach())
 
     def on_validation_epoch_end(self) -> None:
         self._last_batch_end = None  # the next training interval would include this validation
@@ -261,8 +258,8 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         count = self.trainer.strategy.reduce(self._val_count, reduce_op="sum")
         if count.sum() > 0:
             self._log_losses("val", nll, count)
-        if self._val_guide:  # the held-out off-diagonal attention mass: is the text read in order?
-            self.log("val/guide", torch.stack(self._val_guide).mean(), on_step=False, on_epoch=True)
+        for name, values in self._val_aux.items():  # guide: is the text read in order? duration: log-frame error
+            self.log(f"val/{name}", torch.stack(values).mean(), on_step=False, on_epoch=True)
 
     # -- optimizer --------------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -364,7 +361,8 @@ def held_out_files(cfg: LMConfig, tokens_dir: str, split: str, split_by: str, va
     window = window_frames or cfg.max_frames
     if not 1 <= window <= cfg.max_frames:
         raise ValueError(f"window_frames must be in 1..{cfg.max_frames} for this LM, got {window}")
-    return shards, TokenFiles.of_split(tokens_dir, split, split_by, valid_fraction, shards), window
+    aligned = cfg.condition is not None and bool(cfg.condition.alphabet)  # reads alignments.jsonl (lm.aligned_text)
+    return shards, TokenFiles.of_split(tokens_dir, split, split_by, valid_fraction, shards, alignments=aligned), window
 
 
 def held_out_report(model: MultiCodebookLM, tokens_dir: str, split: str = "valid", *, split_by: str = "prefix",
@@ -408,8 +406,10 @@ class LMTrainingCLI(LightningCLI):
     """
 
     def add_arguments_to_parser(self, parser) -> None:
-        for name in ("n_codebooks", "codebook_size", "codec_fingerprint", "speakers"):
+        for name in ("n_codebooks", "codebook_size", "codec_fingerprint", "speakers", "alphabet"):
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
+        parser.add_argument("--overwrite", type=bool, default=False, help="start afresh (no --ckpt_path) in a run "
+                            "folder that holds an earlier run, replacing its checkpoints and pretrained/")
 
     def before_instantiate_classes(self) -> None:
         from jsonargparse import Namespace
@@ -419,6 +419,8 @@ class LMTrainingCLI(LightningCLI):
         for cb in cfg.trainer.callbacks or []:
             if cb.class_path.endswith("ModelCheckpoint") and cb.init_args.get("dirpath") is None:
                 cb.init_args.dirpath = str(Path(run_dir) / "checkpoints")
+        check_new_run(run_dir, [cb.init_args.dirpath for cb in cfg.trainer.callbacks or []
+                                if cb.class_path.endswith("ModelCheckpoint")], cfg.ckpt_path, cfg.overwrite)
         cfg.trainer.callbacks = [*(cfg.trainer.callbacks or []), Namespace(class_path="lm.run_lock.RunFolderLock")]
         if cfg.trainer.logger in (None, True):
             cfg.trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger",

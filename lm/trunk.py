@@ -22,6 +22,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from lm.aligned_text import frames_at
 from lm.conditioning import ConditionEncoder, ConditionInputs, condition_inputs
 from lm.config import LMConfig
 from lm.decode_step import prepare
@@ -48,6 +49,7 @@ class LMLoss:
     nll_sum: Tensor
     count: Tensor
     guide: Tensor | None = None  # the guided-attention loss (lm.alignment), when asked for
+    duration: Tensor | None = None  # an aligned-text LM's duration loss (lm.aligned_text), when targets are given
 
     def per_codebook(self) -> Tensor:
         """[N_c] mean NLL per codebook (nan where a codebook has no valid target)."""
@@ -167,6 +169,8 @@ class LMTrunk(nn.Module):
         h = self.embed(tokens)
         if memory is not None and memory.voice is not None:
             h = h + memory.voice.to(h.dtype)[:, None, :]
+        if memory is not None and memory.frames is not None:
+            h = h + frames_at(memory.frames, positions).to(h.dtype)
         if self.pos_embedding is not None:
             h = h + self.pos_embedding(positions)
         h = self.dropout(h)
@@ -193,12 +197,13 @@ class LMTrunk(nn.Module):
             raise ValueError(f"the condition memory has {memory.batch_size} rows, the tokens {batch_size}")
         return memory
 
-    def condition_inputs(self, text, speaker, batch_size: int) -> ConditionInputs:
+    def condition_inputs(self, text, speaker, batch_size: int, durations=None) -> ConditionInputs:
         """Texts and speaker names (one per row, one for all, or None) -> ConditionInputs on the model's
-        device; ValueError naming what is allowed (see lm.conditioning.condition_inputs)."""
+        device; ValueError naming what is allowed (see lm.conditioning.condition_inputs). durations: an
+        aligned-text LM's frames per unit (None: predicted)."""
         if self.config.condition is None:
             raise ValueError("this LM is not conditioned (no condition encoder): it takes no text or speaker")
-        return condition_inputs(self.config.condition, text, speaker, batch_size).to(self.device)
+        return condition_inputs(self.config.condition, text, speaker, batch_size, durations).to(self.device)
 
     def encode_condition(self, inputs: ConditionInputs | None, batch_size: int | None = None) -> CrossMemory:
         """Conditions [B] -> the encoder output CrossMemory (states [B, M, d], mask [B, M]); None: B
