@@ -409,7 +409,8 @@ class LMTrainingCLI(LightningCLI):
         for name in ("n_codebooks", "codebook_size", "codec_fingerprint", "speakers", "alphabet"):
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
         parser.add_argument("--overwrite", type=bool, default=False, help="start afresh (no --ckpt_path) in a run "
-                            "folder that holds an earlier run, replacing its checkpoints and pretrained/")
+                            "folder that holds an earlier run: its pretrained/ is replaced at the end, its checkpoints "
+                            "stay beside the new run's (last-v1.ckpt, ...); refused without it (rvqlm_core.run_folder)")
 
     def before_instantiate_classes(self) -> None:
         from jsonargparse import Namespace

@@ -64,9 +64,9 @@ def write_wav(path: Path, seconds: float = 0.5, rate: int = 16000, peak: float =
 
 
 def hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file under `root`, by path relative to it."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    """sha256 of every file under `root` ("folder" for a folder), by path relative to it."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "folder"
+            for p in sorted(root.rglob("*"))}
 
 
 def run(argv: Sequence[str], capsys) -> tuple[int, str]:
@@ -102,7 +102,7 @@ def assert_one_line(err: str, message: str) -> None:
 
 
 def assert_unchanged(root: Path, before: dict[str, str], new: Sequence[str] = ()) -> None:
-    """Every file of `before` as it was, and nothing new under `root` but the files `new` names."""
+    """Every file of `before` as it was, and nothing new under `root` (no file, no folder) but what `new` names."""
     after = hashes(root)
     assert {k: after.get(k) for k in before} == before
     assert sorted(set(after) - set(before)) == sorted(new)

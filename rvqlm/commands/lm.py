@@ -19,7 +19,8 @@ TRAIN_HELP = """Train the LM through LightningCLI `fit` of the LightningModule o
 (model.config.family: ar or masked, lm.families). Every argument goes to LightningCLI:
   --config RECIPE.yaml (recipes/lm_tiny.yaml, recipes/lm_speech.yaml), overrides such as
   --trainer.max_steps 500 or --data.tokens_dir DIR, --ckpt_path last to resume the run in
-  trainer.default_root_dir, --print_config to see the full configuration, --help for all options."""
+  trainer.default_root_dir (a fresh run into a folder holding an earlier one is refused unless
+  --overwrite true), --print_config to see the full configuration, --help for all options."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

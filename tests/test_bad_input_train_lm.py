@@ -1,0 +1,61 @@
+"""`rvqlm train-lm` on bad input (issue 49): one row a case; each row's exit code, its one line on stderr
+(no traceback), and every file that was there before unchanged (tests/bad_input.py). Signals and kills
+run the command in a subprocess of their own."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bad_input import _debug_off, check_row, write_wav  # noqa: F401 (a fixture)
+from test_lm_data import make_token_corpus
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--config", str(REPO / "recipes" / "lm_tiny.yaml"), "--trainer.max_steps", "2",
+        "--trainer.val_check_interval", "2", "--data.tokens_dir", "{w}/tokens"]
+
+ROWS = [
+    # id, argv, exit code, in the stderr line, files it writes
+    ("into-a-finished-run", [*TINY, "--trainer.default_root_dir", "{w}/done"], 2,
+     "holds the run of an earlier train-lm", ()),
+]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    make_token_corpus(root / "tokens")
+    return root
+
+
+@pytest.fixture
+def workspace(tmp_path, models):
+    """tokens/, done/ (a finished run's folder: pretrained/ and checkpoints/last.ckpt), in.wav."""
+    shutil.copytree(models / "tokens", tmp_path / "tokens")
+    (tmp_path / "done" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "done" / "checkpoints" / "last.ckpt").write_bytes(b"an earlier run's checkpoint")
+    (tmp_path / "done" / "pretrained").mkdir()
+    (tmp_path / "done" / "pretrained" / "model.safetensors").write_bytes(b"an earlier run's weights")
+    write_wav(tmp_path / "in.wav", seconds=0.1)
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, code, message, new", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input(workspace, capsys, argv, code, message, new):
+    check_row(workspace, ["train-lm", *argv], code, message, capsys, new)
+
+
+def test_a_finished_run_is_resumed_with_ckpt_path_last_or_started_over_with_overwrite(workspace, capsys):
+    from rvqlm.cli import main
+
+    run = workspace / "run"
+    args = ["train-lm", *[a.format(w=workspace) for a in TINY], "--trainer.default_root_dir", str(run)]
+    assert main(args) == 0 and (run / "checkpoints" / "last.ckpt").is_file()
+    first = (run / "pretrained" / "model.safetensors").read_bytes()
+    assert main([*args, "--trainer.max_steps", "4", "--ckpt_path", "last"]) == 0
+    resumed = (run / "pretrained" / "model.safetensors").read_bytes()
+    assert resumed != first and sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
+    assert main([*args, "--seed_everything", "1", "--overwrite", "true"]) == 0
+    assert (run / "pretrained" / "model.safetensors").read_bytes() not in (first, resumed)
