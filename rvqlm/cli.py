@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Callable, NoReturn
 
-COMMAND_MODULES = ("corpus", "codec", "tokenize", "lm", "generate", "demo")
+COMMAND_MODULES = ("corpus", "codec", "tokenize", "lm", "generate", "demo", "align")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +48,19 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _error_line(f"rvqlm {args.command}: error: {e}")
         return 2
+    except OSError as e:  # the system refused a read or a write (permissions, a read-only or full disk)
+        if os.environ.get("RVQLM_DEBUG"):
+            raise
+        _error_line(f"rvqlm {args.command}: error: {os_error_line(e)}")
+        return 2
     return int(result or 0)
+
+
+def os_error_line(e: OSError) -> str:
+    """An OSError as one line naming its path(s): `PATH: Permission denied`."""
+    paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+    reason = e.strerror or str(e) or type(e).__name__
+    return f"{paths}: {reason}" if paths else reason
 
 
 def run_script(script_main: Callable[[], int | None], name: str) -> NoReturn:
