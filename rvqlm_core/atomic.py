@@ -21,11 +21,29 @@ def check_file_destination(dest: str | os.PathLike, *inputs: str | os.PathLike |
     dest = Path(dest)
     if dest.is_dir():
         raise ValueError(f"{dest} is a folder; give the output a file name (e.g. {dest / 'NAME'})")
+    check_folder_destination(dest.parent, what=dest)
     for source in inputs:
         if source is not None and _same_file(dest, Path(source)):
             raise ValueError(f"refusing to write {dest}: it is the input file {source}, which it would replace; "
                              "give the output another name")
     return dest
+
+
+def check_folder_destination(folder: str | os.PathLike, what: str | os.PathLike | None = None) -> Path:
+    """`folder` as a Path, or ValueError in one line naming the path when it cannot be made or written
+    into: it, or the nearest of its parents that exists, is a file, or that one is not writable (its
+    permissions, a read-only mount). `what`: the path the message says cannot be written (default folder)."""
+    folder = Path(folder)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    what = folder if what is None else what
+    if not existing.is_dir():
+        raise ValueError(f"cannot write {what}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write {what}: the folder {existing} is not writable (its permissions, or a "
+                         "read-only file system)")
+    return folder
 
 
 def _same_file(a: Path, b: Path) -> bool:

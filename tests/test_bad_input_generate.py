@@ -16,6 +16,7 @@ ROWS = [
     ("a-numbered-out-is-the-prompt", ["--prompt", "{w}/p-2.wav", "--out", "{w}/p.wav", "--num-samples", "2"], 2,
      "is the input file", ()),
     ("out-is-a-folder", ["--out", "{w}/sub"], 2, "is a folder", ()),
+    ("out-under-a-file", ["--out", "{w}/p.wav/a/o.wav"], 2, "p.wav is a file, not a folder", ()),
     ("missing-prompt", ["--prompt", "{w}/nope.wav", "--out", "{w}/o.wav"], 2, "no such file", ()),
     ("no-lm-folder", ["--lm", "{w}/nowhere", "--out", "{w}/o.wav"], 2, "no LM folder", ()),
     ("zero-seconds", ["--out", "{w}/o.wav", "--seconds", "0"], 2, "--seconds must be > 0", ()),

@@ -4,6 +4,7 @@ stderr (no traceback), and every file that was there before unchanged (tests/bad
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ ROWS = [
     ("output-is-the-input", ["{w}/in.wav", "{w}/in.wav"], 2, "is the input file", ()),
     ("output-is-the-input-by-another-name", ["{w}/in.wav", "{w}/sub/../in.wav"], 2, "is the input file", ()),
     ("output-is-a-folder", ["{w}/in.wav", "{w}/sub"], 2, "is a folder", ()),
+    ("output-under-a-file", ["{w}/in.wav", "{w}/text.wav/out.wav"], 2, "text.wav is a file, not a folder", ()),
+    ("output-deep-under-a-file", ["{w}/in.wav", "{w}/text.wav/a/out.wav"], 2, "text.wav is a file, not a folder", ()),
     ("missing-input", ["{w}/nope.wav", "{w}/out.wav"], 2, "no such file", ()),
     ("not-audio", ["{w}/text.wav", "{w}/out.wav"], 2, "not a readable audio file", ()),
     ("empty-input", ["{w}/empty.wav", "{w}/out.wav"], 2, "empty file", ()),
@@ -43,3 +46,26 @@ def workspace(tmp_path, codec_dir):
 def test_bad_input(workspace, capsys, argv, code, message, new):
     codec = [] if "--codec" in argv else ["--codec", "{w}/codec"]
     check_row(workspace, ["reconstruct", *argv, *codec], code, message, capsys, new)
+
+
+def test_an_unwritable_folder_is_named_in_one_line(workspace, capsys, monkeypatch):
+    """Root writes anywhere, so the test makes the folder read-only for os.access (a read-only mount, an
+    immutable folder: refused before the work) and then for the write itself (refused in one line naming
+    the path when the system says no only at the end)."""
+    import errno
+    import os
+    import tempfile
+
+    (workspace / "ro").mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != workspace / "ro" and access(p, mode))
+    check_row(workspace, ["reconstruct", "{w}/in.wav", "{w}/ro/out.wav", "--codec", "{w}/codec"], 2,
+              f"the folder {workspace / 'ro'} is not writable", capsys)
+    monkeypatch.setattr(os, "access", access)
+
+    def refuse(*args, dir=None, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", dir)
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    check_row(workspace, ["reconstruct", "{w}/in.wav", "{w}/ro/out.wav", "--codec", "{w}/codec"], 2,
+              f"rvqlm reconstruct: error: {workspace / 'ro'}: Permission denied", capsys)
