@@ -226,7 +226,6 @@ def _generate(args: argparse.Namespace) -> int:
 
     from codec.loading import load_codec
     from lm.trunk import load_lm
-    from lm.generate import generate
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -237,35 +236,85 @@ def _generate(args: argparse.Namespace) -> int:
     check_pair(lm_model, codec)
     if args.stream and getattr(codec, "stream_refusal", None):
         raise ValueError(codec.stream_refusal)
+    if args.stream:
+        from rvqlm.commands.stream_generate import generate_streaming
+
+        prompt, new_frames = prompt_and_length(args, lm_model, codec)
+        request = dict(sampling=sampling_options(args), condition=condition, options=options)
+        return generate_streaming(args, lm_model, codec, prompt, new_frames,
+                                  output_paths(args.out, args.num_samples, args.prompt is not None), request)
+
+    out = generate_audio(args, lm_model, codec, condition, options)
+    _write_samples(args, codec, out.wav, out.lengths, out.prompt_frames, out.new_frames)
+    # Per sample stream (the batch runs them side by side): RTF = compute time / audio time of one sample.
+    made = max(max(out.lengths) - out.prompt_frames, 1)
+    rate = made / out.seconds
+    print(f"generated {args.num_samples} x {made} frames in {out.seconds:.2f} s: {rate:.1f} frames/s per sample "
+          f"({rate * args.num_samples:.1f} in all), real-time factor {out.seconds * codec.frame_rate / made:.3f} "
+          "(< 1 is faster than real time)")
+    return 0
+
+
+def prompt_and_length(args: argparse.Namespace, lm_model, codec):
+    """The prompt codes [num_samples, N_c, T0] (T0 = 0 without --prompt) and the frames to add (--seconds),
+    checked to fit in memory."""
+    import torch
 
     if args.prompt is not None:
         prompt = load_prompt_codes(args.prompt, codec, lm_model, args.prompt_seconds)
         prompt = prompt.expand(args.num_samples, -1, -1)
     else:
         prompt = torch.zeros(args.num_samples, lm_model.config.n_codebooks, 0, dtype=torch.long, device=codec.device)
-    t0 = prompt.shape[-1]
     new_frames = max(1, round(args.seconds * codec.frame_rate))
-    check_length(args, lm_model, codec, t0, new_frames)
-    request = dict(sampling=sampling_options(args), condition=condition, options=options)
-    if args.stream:
-        from rvqlm.commands.stream_generate import generate_streaming
+    check_length(args, lm_model, codec, prompt.shape[-1], new_frames)
+    return prompt, new_frames
 
-        return generate_streaming(args, lm_model, codec, prompt, new_frames,
-                                  output_paths(args.out, args.num_samples, args.prompt is not None), request)
 
+@dataclass
+class Generated:
+    """What `generate_audio` made: codes [B, N_c, T] (prompt included), each row's length in frames (prompt
+    included; a row that chose its end is shorter than prompt_frames + new_frames), the decoded audio
+    [B, C, T * hop], and the seconds the LM took (decoding not included)."""
+
+    codes: object
+    lengths: list[int]
+    wav: object
+    prompt_frames: int
+    new_frames: int
+    seconds: float
+
+    def ended(self, row: int = 0) -> bool:
+        """Whether the row stopped at its end-of-audio token before the length limit."""
+        return self.lengths[row] < self.prompt_frames + self.new_frames
+
+
+def generate_audio(args: argparse.Namespace, lm_model, codec, condition=None, options=None) -> Generated:
+    """What `rvqlm generate` makes of its flags (`args`, checked by check_request; `parse_args` builds them
+    in code) with a loaded LM and codec (check_pair), but without --stream and without writing: the
+    prompt, the condition (--text / --speaker: check_condition, or given), the family's options
+    (family_options, or given), the sampling; generated, then decoded in one pass. A benchmark that
+    says texts goes through this path, so it hears what the command would write."""
+    from lm.generate import generate
+
+    condition = check_condition(args, lm_model) if condition is None else condition
+    options = family_options(args, lm_model) if options is None else options
+    prompt, new_frames = prompt_and_length(args, lm_model, codec)
     start = time.perf_counter()
     codes, lengths = generate(lm_model, prompt, new_frames, progress=not args.no_progress,
-                              frame_rate=codec.frame_rate, return_lengths=True, **request)
+                              frame_rate=codec.frame_rate, return_lengths=True, sampling=sampling_options(args),
+                              condition=condition, options=options)
     elapsed = time.perf_counter() - start
     wav = codec.decode(codes)  # [B, C, T * hop]
-    _write_samples(args, codec, wav, lengths.tolist(), t0, new_frames)
-    # Per sample stream (the batch runs them side by side): RTF = compute time / audio time of one sample.
-    made = max(int(lengths.max()) - t0, 1)
-    rate = made / elapsed
-    print(f"generated {args.num_samples} x {made} frames in {elapsed:.2f} s: {rate:.1f} frames/s per sample "
-          f"({rate * args.num_samples:.1f} in all), real-time factor {elapsed * codec.frame_rate / made:.3f} "
-          "(< 1 is faster than real time)")
-    return 0
+    return Generated(codes, lengths.tolist(), wav, prompt.shape[-1], new_frames, elapsed)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """`rvqlm generate ARGV...` parsed as the command parses it (its defaults), then check_request'ed."""
+    parser = argparse.ArgumentParser(prog="rvqlm")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["generate", *argv])
+    check_request(args)
+    return args
 
 
 def _write_samples(args: argparse.Namespace, codec, wav, lengths: list[int], t0: int, new_frames: int) -> None:
