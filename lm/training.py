@@ -33,7 +33,6 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import Tensor, nn
 
 from lm.config import LMConfig
@@ -43,9 +42,8 @@ from lm.trunk import build_lm, load_lm
 from lm.model import MultiCodebookLM
 from lm.moe import moe_aux_loss
 from lm.warm_start import warm_start
-from rvqlm_core.atomic import atomic_path
 from rvqlm_core.rng_state import ResumesRngState
-from rvqlm_core.run_folder import check_new_run
+from rvqlm_core.run_folder import AtomicCheckpointIO, ReadsCheckpointsClearly, check_new_run  # noqa: F401
 
 # ---- measurement ------------------------------------------------------------------------------------
 
@@ -295,14 +293,6 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
             self.model.save_pretrained(Path(self.trainer.default_root_dir) / "pretrained")
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning checkpoints written to a temporary name and renamed: a kill never leaves half a file."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
-        with atomic_path(path) as tmp:
-            super().save_checkpoint(checkpoint, tmp, storage_options)
-
-
 # ---- evaluation -------------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -397,7 +387,7 @@ def held_out_report(model: MultiCodebookLM, tokens_dir: str, split: str = "valid
 
 # ---- LightningCLI -----------------------------------------------------------------------------------
 
-class LMTrainingCLI(LightningCLI):
+class LMTrainingCLI(ReadsCheckpointsClearly, LightningCLI):
     """LightningCLI for `rvqlm train-lm`: sizes the LM from the tokens and fills in run-dir defaults.
 
     The run folder is `trainer.default_root_dir`: checkpoints go to `<run dir>/checkpoints/` (when

@@ -3,20 +3,26 @@
 A run that starts afresh is refused in a folder that already holds an earlier run's checkpoints or
 exported model, so the earlier weights are never replaced without a word: resume the run
 (`--ckpt_path last`) or say so (`--overwrite true`: the new run's pretrained/ replaces the earlier
-one; Lightning keeps the earlier checkpoints and numbers the new ones, last-v1.ckpt). Temporary files a killed writer left behind
-(`rvqlm_core.atomic.atomic_path` names them `.NAME.tmp-*`) are swept by the next run that holds
-the folder (`sweep_temp_files`).
+one; Lightning keeps the earlier checkpoints and numbers the new ones, last-v1.ckpt).
+
+Checkpoints are written atomically and read with one line for a file that is not one
+(`AtomicCheckpointIO`, `ReadsCheckpointsClearly`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
+
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from rvqlm_core.atomic import atomic_path
 
 CHECKPOINT_SUFFIX = ".ckpt"
 EXPORT_FOLDER = "pretrained"
+#: --ckpt_path values Lightning resolves itself (not files)
+LIGHTNING_CKPT_NAMES = ("last", "best", "hpc", "registry")
 
 
 def earlier_run(run_dir: str | os.PathLike, checkpoint_dirs: Iterable[str | os.PathLike] = ()) -> list[str]:
@@ -44,14 +50,44 @@ def check_new_run(run_dir: str | os.PathLike, checkpoint_dirs: Iterable[str | os
                          "another --trainer.default_root_dir")
 
 
-def sweep_temp_files(folder: str | os.PathLike) -> list[Path]:
-    """Remove the temporary files (`.NAME.tmp-*`) a killed writer left in `folder`; only for a caller that
-    holds the folder (no other writer can be midway). Returns what it removed."""
-    folder = Path(folder)
-    removed = []
-    for p in sorted(folder.glob(".*.tmp-*")) if folder.is_dir() else []:
-        with contextlib.suppress(FileNotFoundError):
-            if p.is_file():
-                p.unlink()
-                removed.append(p)
-    return removed
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoints written to a temporary name and renamed (a kill never leaves half a file),
+    and read with one line for a file that is not a checkpoint (`--ckpt_path in.wav`)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        with atomic_path(path) as tmp:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+
+    def load_checkpoint(self, path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        try:
+            checkpoint = super().load_checkpoint(path, *args, **kwargs)
+        except FileNotFoundError:
+            raise
+        except Exception as e:  # torch's unpickler fails on other files in many ways (IndexError, EOFError, ...)
+            raise not_a_checkpoint(path, e) from None
+        if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+            raise not_a_checkpoint(path, ValueError("no state_dict"))
+        return checkpoint
+
+
+class ReadsCheckpointsClearly:
+    """A LightningCLI mixin: a --ckpt_path that is not a checkpoint is refused in one line. LightningCLI
+    reads the file's hyperparameters itself (its `_parse_ckpt_path`), before any plugin is built."""
+
+    def _parse_ckpt_path(self) -> None:
+        path = self.config[self.config.subcommand].get("ckpt_path") if self.config.get("subcommand") else None
+        local = path is not None and path.split(":")[0] not in LIGHTNING_CKPT_NAMES and "://" not in path
+        if local and not Path(path).is_file():
+            raise FileNotFoundError(f"--ckpt_path {path}: no such checkpoint file (or give last)")
+        try:
+            super()._parse_ckpt_path()
+        except Exception as e:
+            raise not_a_checkpoint(path, e) from None
+
+
+def not_a_checkpoint(path, error: BaseException) -> ValueError:
+    """The one line for a --ckpt_path torch cannot read as a checkpoint (torch's unpickler fails on other
+    files in many ways: IndexError, EOFError, UnpicklingError, ...)."""
+    reason = (str(error).strip().splitlines() or [""])[0][:200]
+    return ValueError(f"{path} is not a checkpoint torch can read ({type(error).__name__}{': ' if reason else ''}"
+                      f"{reason}); give --ckpt_path a .ckpt file of a train-lm run, or last")

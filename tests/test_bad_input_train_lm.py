@@ -20,6 +20,12 @@ ROWS = [
     # id, argv, exit code, in the stderr line, files it writes
     ("into-a-finished-run", [*TINY, "--trainer.default_root_dir", "{w}/done"], 2,
      "holds the run of an earlier train-lm", ()),
+    ("ckpt-path-is-audio", [*TINY, "--trainer.default_root_dir", "{w}/run", "--ckpt_path", "{w}/in.wav"], 2,
+     "in.wav is not a checkpoint", ()),
+    ("ckpt-path-is-empty", [*TINY, "--trainer.default_root_dir", "{w}/run", "--ckpt_path", "{w}/empty.ckpt"], 2,
+     "empty.ckpt is not a checkpoint", ()),
+    ("ckpt-path-is-missing", [*TINY, "--trainer.default_root_dir", "{w}/run", "--ckpt_path", "{w}/nope.ckpt"], 2,
+     "no such checkpoint file", ()),
 ]
 
 
@@ -39,6 +45,7 @@ def workspace(tmp_path, models):
     (tmp_path / "done" / "pretrained").mkdir()
     (tmp_path / "done" / "pretrained" / "model.safetensors").write_bytes(b"an earlier run's weights")
     write_wav(tmp_path / "in.wav", seconds=0.1)
+    (tmp_path / "empty.ckpt").write_bytes(b"")
     return tmp_path
 
 
