@@ -150,6 +150,18 @@ def load_audio(
     return to_layout(wav, info.sample_rate, sample_rate, channels, path=path)
 
 
+def full_scale_warning(wav: torch.Tensor, path: str | os.PathLike) -> str | None:
+    """One line when audio read from `path` goes past full scale (|x| > 1, which float files can hold):
+    audio is written within [-1, 1] (`save_audio`), so what a codec makes of it will be clipped. None
+    within full scale."""
+    peak = float(wav.abs().max()) if wav.numel() else 0.0
+    if not peak > 1.0:
+        return None
+    share = 100.0 * float((wav.abs() > 1.0).float().mean())
+    return (f"{path} peaks at {peak:.2f}, past full scale (1.0) in {share:.1f} % of its samples: what is made of it "
+            f"is written clipped to [-1, 1]; scale the file by {1 / peak:.3g} or less first")
+
+
 def iter_audio_blocks(
     path: str | os.PathLike, sample_rate: int, channels: int = 1, block_seconds: float = 60.0
 ) -> Iterator[torch.Tensor]:

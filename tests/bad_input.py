@@ -88,7 +88,7 @@ def check_row(root: Path, argv: Sequence[str], code: int, message: str, capsys,
     """Run one row in `root` and check it (module docstring); returns its stderr line."""
     before = hashes(root)
     got, err = run(fill(argv, root), capsys)
-    assert_one_line(err, message)
+    assert_one_line(err, message.format(w=root))
     assert got == code, err
     assert_unchanged(root, before, new)
     return err.strip()

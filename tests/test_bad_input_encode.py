@@ -15,6 +15,8 @@ ROWS = [
     ("encode-output-is-a-folder", ["encode", "{w}/in.wav", "{w}/sub"], 2, "is a folder", ()),
     ("encode-output-under-a-file", ["encode", "{w}/in.wav", "{w}/text.wav/a/o.rvq"], 2,
      "text.wav is a file, not a folder", ()),
+    ("encode-float-input-past-full-scale", ["encode", "{w}/loud.wav", "{w}/out.rvq"], 0,
+     "warning: {w}/loud.wav peaks at 8.00", ("out.rvq",)),
     ("encode-missing-input", ["encode", "{w}/nope.wav", "{w}/out.rvq"], 2, "no such file", ()),
     ("encode-not-audio", ["encode", "{w}/text.wav", "{w}/out.rvq"], 2, "not a readable audio file", ()),
     ("encode-too-many-codebooks", ["encode", "{w}/in.wav", "{w}/out.rvq", "--n-codebooks", "0"], 2,
@@ -48,6 +50,7 @@ def workspace(tmp_path, models, capsys):
     shutil.copytree(models[0], tmp_path / "codec")
     shutil.copytree(models[1], tmp_path / "other")
     write_wav(tmp_path / "in.wav")
+    write_wav(tmp_path / "loud.wav", peak=8.0, subtype="FLOAT")
     assert main(["encode", str(tmp_path / "in.wav"), str(tmp_path / "in.rvq"), "--codec", str(tmp_path / "codec")]) == 0
     (tmp_path / "sub").mkdir()
     (tmp_path / "text.wav").write_text("not audio\n")

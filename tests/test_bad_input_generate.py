@@ -17,6 +17,8 @@ ROWS = [
      "is the input file", ()),
     ("out-is-a-folder", ["--out", "{w}/sub"], 2, "is a folder", ()),
     ("out-under-a-file", ["--out", "{w}/p.wav/a/o.wav"], 2, "p.wav is a file, not a folder", ()),
+    ("prompt-past-full-scale", ["--prompt", "{w}/loud.wav", "--out", "{w}/o.wav"], 0,
+     "warning: {w}/loud.wav peaks at 8.00", ("o.full.wav", "o.wav")),
     ("missing-prompt", ["--prompt", "{w}/nope.wav", "--out", "{w}/o.wav"], 2, "no such file", ()),
     ("no-lm-folder", ["--lm", "{w}/nowhere", "--out", "{w}/o.wav"], 2, "no LM folder", ()),
     ("zero-seconds", ["--out", "{w}/o.wav", "--seconds", "0"], 2, "--seconds must be > 0", ()),
@@ -36,6 +38,7 @@ def workspace(tmp_path, models):
     shutil.copytree(models[1], tmp_path / "lm")
     for name in ("p.wav", "p.full.wav", "p-2.wav"):
         write_wav(tmp_path / name, seconds=0.3)
+    write_wav(tmp_path / "loud.wav", seconds=0.3, peak=8.0, subtype="FLOAT")
     (tmp_path / "sub").mkdir()
     return tmp_path
 

@@ -18,6 +18,7 @@ ROWS = [
     ("output-under-a-file", ["{w}/in.wav", "{w}/text.wav/out.wav"], 2, "text.wav is a file, not a folder", ()),
     ("output-deep-under-a-file", ["{w}/in.wav", "{w}/text.wav/a/out.wav"], 2, "text.wav is a file, not a folder", ()),
     ("missing-input", ["{w}/nope.wav", "{w}/out.wav"], 2, "no such file", ()),
+    ("float-input-past-full-scale", ["{w}/loud.wav", "{w}/out.wav"], 0, "warning: {w}/loud.wav peaks at 8.00", ("out.wav",)),
     ("not-audio", ["{w}/text.wav", "{w}/out.wav"], 2, "not a readable audio file", ()),
     ("empty-input", ["{w}/empty.wav", "{w}/out.wav"], 2, "empty file", ()),
     ("too-many-codebooks", ["{w}/in.wav", "{w}/out.wav", "--n-codebooks", "5"], 2, "--n-codebooks must be in 1..4", ()),
@@ -36,6 +37,7 @@ def codec_dir(tmp_path_factory):
 def workspace(tmp_path, codec_dir):
     shutil.copytree(codec_dir, tmp_path / "codec")
     write_wav(tmp_path / "in.wav")
+    write_wav(tmp_path / "loud.wav", peak=8.0, subtype="FLOAT")
     (tmp_path / "sub").mkdir()
     (tmp_path / "text.wav").write_text("not audio\n")
     (tmp_path / "empty.wav").write_bytes(b"")

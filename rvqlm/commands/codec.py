@@ -118,10 +118,23 @@ def _load(args: argparse.Namespace):
     return codec
 
 
-def _read_audio(path: str, codec):
+def _read_audio(path: str, codec, command: str):
     from codec.audio import load_audio
 
-    return load_audio(path, codec.sample_rate, codec.channels, max_seconds=MAX_SECONDS)
+    wav = load_audio(path, codec.sample_rate, codec.channels, max_seconds=MAX_SECONDS)
+    warn_full_scale(wav, path, command)
+    return wav
+
+
+def warn_full_scale(wav, path: str, command: str) -> None:
+    """`rvqlm COMMAND: warning: ...` on stderr for audio past full scale (codec.audio.full_scale_warning)."""
+    import sys
+
+    from codec.audio import full_scale_warning
+
+    warning = full_scale_warning(wav, path)
+    if warning:
+        sys.stderr.write(f"rvqlm {command}: warning: {warning}\n")
 
 
 def _reconstruct(args: argparse.Namespace) -> int:
@@ -130,7 +143,7 @@ def _reconstruct(args: argparse.Namespace) -> int:
     codec = _load(args)
     if args.stream and getattr(codec, "stream_refusal", None):
         raise ValueError(codec.stream_refusal)
-    wav = _read_audio(args.input, codec)  # [C, S]
+    wav = _read_audio(args.input, codec, args.command)  # [C, S]
     k = args.n_codebooks or codec.n_codebooks
     if args.stream:
         out = _reconstruct_streaming(codec, wav, args.chunk_ms, k)
@@ -173,7 +186,7 @@ def _encode(args: argparse.Namespace) -> int:
     from codec.rvq_file import write_rvq
 
     codec = _load(args)
-    wav = _read_audio(args.input, codec)
+    wav = _read_audio(args.input, codec, args.command)
     codes = codec.encode(wav[None], n_q=args.n_codebooks)[0]  # [k, T]
     header = {"codec_fingerprint": codec.token_fingerprint(), "sample_rate": codec.sample_rate,
               "frame_rate": codec.frame_rate, "codebook_size": codec.codebook_size,

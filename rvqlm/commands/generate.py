@@ -204,6 +204,7 @@ def check_length(args: argparse.Namespace, lm_model, codec, prompt_frames: int, 
 def load_prompt_codes(path: str, codec, lm_model, prompt_seconds: float | None):
     """Read, trim to whole frames and encode the prompt -> codes [1, N_c of the LM, T0] (LongTensor)."""
     from codec.audio import audio_info, load_audio
+    from rvqlm.commands.codec import warn_full_scale
 
     cfg, hop, rate = lm_model.config, codec.hop_length, codec.frame_rate
     info = audio_info(path)
@@ -214,6 +215,7 @@ def load_prompt_codes(path: str, codec, lm_model, prompt_seconds: float | None):
                          f"{cfg.max_frames} frames ({cfg.max_frames / rate:.2f} s at {rate} frames/s); "
                          f"pass --prompt-seconds {math.floor(cfg.max_frames / rate * 100) / 100:g} or less")
     wav = load_audio(path, codec.sample_rate, codec.channels, duration_seconds=seconds)
+    warn_full_scale(wav, path, "generate")
     whole = wav.shape[-1] // hop * hop  # no zero-padded last frame: every prompt frame is real signal
     if whole == 0:
         raise ValueError(f"{path}: the prompt is shorter than one codec frame ({1000 / rate:.0f} ms)")
