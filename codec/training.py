@@ -33,6 +33,7 @@ from codec.config import CodecConfig
 from codec.model import DISCRIMINATOR_NAME, Codec
 from codec.training_config import Adversarial, CodecSettings, Losses, Optimization, as_settings, settings_dict
 from rvqlm_core.rng_state import ResumesRngState
+from rvqlm_core.run_folder import ShortParseErrors
 
 
 class StepScheduleLR(torch.optim.lr_scheduler.LambdaLR):
@@ -282,8 +283,10 @@ def export_checkpoint(checkpoint: str | Path, dest: str | Path, decoder_dtype: s
     return module.codec.save_pretrained(dest, discriminator=module.discriminator, decoder_dtype=decoder_dtype)
 
 
-class CodecCLI(LightningCLI):
+class CodecCLI(ShortParseErrors, LightningCLI):
     """LightningCLI without subcommands: parses a recipe, then `train_codec` runs fit + export."""
+
+    help_command = "rvqlm train-codec --help"
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.codec", "data.sample_rate", compute_fn=_codec_setting("sample_rate"))

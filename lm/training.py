@@ -43,7 +43,8 @@ from lm.model import MultiCodebookLM
 from lm.moe import moe_aux_loss
 from lm.warm_start import warm_start
 from rvqlm_core.rng_state import ResumesRngState
-from rvqlm_core.run_folder import AtomicCheckpointIO, ReadsCheckpointsClearly, check_new_run  # noqa: F401
+from rvqlm_core.run_folder import (AtomicCheckpointIO, ReadsCheckpointsClearly, ShortParseErrors,  # noqa: F401
+                                    check_new_run)
 
 # ---- measurement ------------------------------------------------------------------------------------
 
@@ -387,13 +388,15 @@ def held_out_report(model: MultiCodebookLM, tokens_dir: str, split: str = "valid
 
 # ---- LightningCLI -----------------------------------------------------------------------------------
 
-class LMTrainingCLI(ReadsCheckpointsClearly, LightningCLI):
+class LMTrainingCLI(ShortParseErrors, ReadsCheckpointsClearly, LightningCLI):
     """LightningCLI for `rvqlm train-lm`: sizes the LM from the tokens and fills in run-dir defaults.
 
     The run folder is `trainer.default_root_dir`: checkpoints go to `<run dir>/checkpoints/` (when
     a ModelCheckpoint leaves dirpath empty), CSV logs to `<run dir>/logs/` (when no logger is set),
     the exported model to `<run dir>/pretrained/`. Resume with `--ckpt_path last`.
     """
+
+    help_command = "rvqlm train-lm --help"
 
     def add_arguments_to_parser(self, parser) -> None:
         for name in ("n_codebooks", "codebook_size", "codec_fingerprint", "speakers", "alphabet"):

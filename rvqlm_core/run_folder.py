@@ -6,7 +6,8 @@ exported model, so the earlier weights are never replaced without a word: resume
 one; Lightning keeps the earlier checkpoints and numbers the new ones, last-v1.ckpt).
 
 Checkpoints are written atomically and read with one line for a file that is not one
-(`AtomicCheckpointIO`, `ReadsCheckpointsClearly`).
+(`AtomicCheckpointIO`, `ReadsCheckpointsClearly`); a command line LightningCLI cannot parse is
+refused in one line naming the command's help (`ShortParseErrors`), not with its ~90 lines of usage.
 """
 
 from __future__ import annotations
@@ -91,3 +92,27 @@ def not_a_checkpoint(path, error: BaseException) -> ValueError:
     reason = (str(error).strip().splitlines() or [""])[0][:200]
     return ValueError(f"{path} is not a checkpoint torch can read ({type(error).__name__}{': ' if reason else ''}"
                       f"{reason}); give --ckpt_path a .ckpt file of a train-lm run, or last")
+
+
+class ShortParseErrors:
+    """A LightningCLI mixin: a command line it cannot parse (a misspelt option, a value of the wrong type,
+    a missing recipe) raises ValueError in one line, the parser's message and then `help_command`,
+    instead of jsonargparse's usage (~90 lines) and a tip naming the subcommand (`rvqlm fit --help`)."""
+
+    help_command = "--help"
+
+    def init_parser(self, **kwargs: Any):
+        return super().init_parser(**{**kwargs, "exit_on_error": False})
+
+    def parse_arguments(self, parser, args) -> None:
+        from jsonargparse import ArgumentError
+
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as e:
+            text = str(e).strip()
+            if text.startswith("Call to compute_fn of link") and " failed: " in text:  # a linked value's own error
+                text = text.rsplit(" failed: ", 1)[1]
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            message = " ".join(lines[:4]) + (" ..." if len(lines) > 4 else "")
+            raise ValueError(f"{message}; see {self.help_command}") from None

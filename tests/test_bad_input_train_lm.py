@@ -13,13 +13,21 @@ from bad_input import _debug_off, check_row, write_wav  # noqa: F401 (a fixture)
 from test_lm_data import make_token_corpus
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--config", str(REPO / "recipes" / "lm_tiny.yaml"), "--trainer.max_steps", "2",
+TINY = ["train-lm", "--config", str(REPO / "recipes" / "lm_tiny.yaml"), "--trainer.max_steps", "2",
         "--trainer.val_check_interval", "2", "--data.tokens_dir", "{w}/tokens"]
 
 ROWS = [
     # id, argv, exit code, in the stderr line, files it writes
     ("into-a-finished-run", [*TINY, "--trainer.default_root_dir", "{w}/done"], 2,
      "holds the run of an earlier train-lm", ()),
+    ("misspelt-option", [*TINY, "--data.batchsize", "3"], 2,
+     "unrecognized arguments: --data.batchsize 3; see rvqlm train-lm --help", ()),
+    ("option-of-the-wrong-type", [*TINY, "--trainer.max_steps", "many"], 2,
+     "many; see rvqlm train-lm --help", ()),
+    ("missing-recipe", ["train-lm", "--config", "{w}/nope.yaml"], 2, "nope.yaml", ()),
+    ("train-codec-misspelt-option", ["train-codec", "--config", str(REPO / "recipes" / "codec_speech.yaml"), "--data.batchsize",
+                                     "3"], 2, "unrecognized arguments: --data.batchsize 3; see rvqlm train-codec --help",
+     ()),
     ("ckpt-path-is-audio", [*TINY, "--trainer.default_root_dir", "{w}/run", "--ckpt_path", "{w}/in.wav"], 2,
      "in.wav is not a checkpoint", ()),
     ("ckpt-path-is-empty", [*TINY, "--trainer.default_root_dir", "{w}/run", "--ckpt_path", "{w}/empty.ckpt"], 2,
@@ -51,14 +59,14 @@ def workspace(tmp_path, models):
 
 @pytest.mark.parametrize("argv, code, message, new", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
 def test_bad_input(workspace, capsys, argv, code, message, new):
-    check_row(workspace, ["train-lm", *argv], code, message, capsys, new)
+    check_row(workspace, argv, code, message, capsys, new)
 
 
 def test_a_finished_run_is_resumed_with_ckpt_path_last_or_started_over_with_overwrite(workspace, capsys):
     from rvqlm.cli import main
 
     run = workspace / "run"
-    args = ["train-lm", *[a.format(w=workspace) for a in TINY], "--trainer.default_root_dir", str(run)]
+    args = [*[a.format(w=workspace) for a in TINY], "--trainer.default_root_dir", str(run)]
     assert main(args) == 0 and (run / "checkpoints" / "last.ckpt").is_file()
     first = (run / "pretrained" / "model.safetensors").read_bytes()
     assert main([*args, "--trainer.max_steps", "4", "--ckpt_path", "last"]) == 0
