@@ -12,7 +12,7 @@ import torch
 
 from lm.text_units import unit_ids, units
 from rvqlm.align.ctc import AlignerConfig, CTCAligner
-from rvqlm.align.durations import align_units, even_durations, path_durations
+from rvqlm.align.durations import align_units, even_durations, path_durations, speech_span
 from rvqlm.align.features import N_MELS, log_mel
 from rvqlm.cli import main
 
@@ -43,6 +43,18 @@ def test_durations_follow_the_forced_path():
     assert found.frames == [3, 3, 2, 2, 4, 2] and sum(found.frames) == len(path)
     assert not found.fallback and -0.1 < found.confidence <= 0
     assert path_durations(path, 4) == found.frames
+
+
+def test_the_edges_follow_the_speech_by_energy():
+    """CTC's spikes sit off the sound: with the speech span (by energy) the first unit starts where speech
+    starts and the last ends where it ends, the rest of the silence is the edges'."""
+    path = [0, 0, 0, 2, 2, 0, 3, 0, 1, 1, 2, 2, 0, 0, 0, 0]
+    assert path_durations(path, 4, (1, 13)) == [1, 5, 2, 2, 4, 2]  # speech before the first spike, after the last
+    assert path_durations(path, 4, (5, 10)) == [5, 1, 2, 2, 4, 2]  # spike in silence: moved, never past unit 2
+    wav = torch.zeros(16 * 320)
+    wav[4 * 320:11 * 320] = torch.sin(torch.arange(7 * 320) * 0.3)
+    assert speech_span(wav + 1e-4 * torch.randn(len(wav)), 16) == (4, 10)
+    assert speech_span(torch.zeros(100), 1) == (0, 0)
 
 
 def test_repeated_units_are_two_runs():

@@ -56,20 +56,39 @@ def unit_starts(path: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def path_durations(path: list[int], n_targets: int) -> list[int]:
-    """Durations of the n_targets + 2 units (edges included) from a forced path (classes per frame)."""
+def speech_span(wav: torch.Tensor, frames: int, hop: int = 320) -> tuple[int, int]:
+    """(first, last) frame whose energy says speech: above max(peak - 35 dB, the quietest 5 % + 6 dB),
+    frame t being samples [t * hop, (t + 1) * hop). (0, frames - 1) when no frame is quiet."""
+    x = torch.nn.functional.pad(wav.reshape(-1).float(), (0, frames * hop - wav.numel()))[:frames * hop]
+    db = 10 * torch.log10(x.reshape(frames, hop).pow(2).mean(dim=1) + 1e-10)
+    threshold = max(float(db.max()) - 35.0, float(db.quantile(0.05)) + 6.0)
+    loud = (db > threshold).nonzero().flatten().tolist()
+    return (loud[0], loud[-1]) if loud else (0, frames - 1)
+
+
+def path_durations(path: list[int], n_targets: int, speech: tuple[int, int] | None = None) -> list[int]:
+    """Durations of the n_targets + 2 units (edges included) from a forced path (classes per frame).
+
+    `speech` (first, last frame of speech by energy) moves the edges onto the silence: CTC's emission
+    runs are short spikes that may sit a few frames off the sound, so the first unit starts where speech
+    starts (if that is before the second unit's run) and the last unit ends where speech ends (or TAIL
+    frames after its run, whichever is later)."""
     runs = unit_starts(path)
     if len(runs) != n_targets:
         raise AssertionError(f"the forced path holds {len(runs)} units, the line {n_targets}")
     total = len(path)
     starts = [s for s, _ in runs]
     last_end = min(total, runs[-1][1] + 1 + TAIL)
+    if speech is not None:
+        last_end = min(total, max(last_end, speech[1] + 1))
+        starts[0] = min(speech[0], (starts[1] if n_targets > 1 else last_end) - 1)
     inner = [b - a for a, b in zip(starts, starts[1:])] + [last_end - starts[-1]]
     return [starts[0], *inner, total - last_end]
 
 
-def align_units(log_probs: torch.Tensor, ids: list[int]) -> Durations:
-    """log_probs [T, C] of one line and the ids of its units (unit_ids: edges included) -> Durations."""
+def align_units(log_probs: torch.Tensor, ids: list[int], speech: tuple[int, int] | None = None) -> Durations:
+    """log_probs [T, C] of one line and the ids of its units (unit_ids: edges included) -> Durations;
+    `speech`: see path_durations."""
     import torchaudio.functional as AF
 
     frames, targets = log_probs.shape[0], ids[1:-1]
@@ -77,6 +96,6 @@ def align_units(log_probs: torch.Tensor, ids: list[int]) -> Durations:
         return Durations(even_durations(len(ids), frames), None, True)
     labels, scores = AF.forced_align(log_probs[None].float(), torch.tensor([targets], dtype=torch.int32),
                                      blank=BLANK)
-    durations = path_durations(labels[0].tolist(), len(targets))
+    durations = path_durations(labels[0].tolist(), len(targets), speech)
     assert sum(durations) == frames and all(d >= 0 for d in durations)
     return Durations(durations, float(scores[0].mean()), False)

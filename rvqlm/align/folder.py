@@ -26,10 +26,11 @@ import torch
 
 from lm.text_units import TextUnitError, normalize, unit_ids, units
 from rvqlm.align.ctc import CTCAligner
-from rvqlm.align.durations import align_units
+from rvqlm.align.durations import align_units, speech_span
 from rvqlm.align.features import HOP, SAMPLE_RATE, frame_count, log_mel
 
 ALIGNMENTS = "alignments.jsonl"
+BATCH = 16  # lines of one frame count per forward pass
 
 
 @dataclass
@@ -57,8 +58,9 @@ def _check_geometry(meta: dict, tokens_dir) -> None:
                          f"a second; these tokens are {rate} Hz at {frame_rate:g} frames a second")
 
 
-def align_entry(model: CTCAligner, audio: Path, text: str, n_frames: int):
-    """(units, Durations) of one line; ValueError when its audio does not give `n_frames` frames."""
+def _features(audio: Path, n_frames: int) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The features of one line and its speech span (durations.speech_span); ValueError when its audio
+    does not give the tokens' `n_frames` frames."""
     from codec.audio import load_audio
 
     if not audio.is_file():
@@ -67,10 +69,56 @@ def align_entry(model: CTCAligner, audio: Path, text: str, n_frames: int):
     if frame_count(wav.shape[-1]) != n_frames:
         raise ValueError(f"{audio} makes {frame_count(wav.shape[-1])} frames but its tokens have {n_frames}: "
                          f"not the audio these tokens were made from")
-    ids = unit_ids(text, model.config.alphabet)
-    with torch.no_grad():
-        log_probs = model(log_mel(wav)[None])[0]
-    return units(text), align_units(log_probs, ids)
+    return log_mel(wav), speech_span(wav, n_frames)
+
+
+def _choose(entries, splits: tuple[str, ...], alphabet: str, summary: AlignSummary) -> list[tuple]:
+    """(entry, units, unit ids) of the entries to align; the others counted in `summary`."""
+    jobs = []
+    for entry in entries:
+        text = entry.metadata.get("text")
+        if entry.path.split("/")[0] not in splits:
+            summary.other_splits += 1
+        elif not isinstance(text, str) or not normalize(text):
+            summary.without_text += 1
+        else:
+            try:
+                jobs.append((entry, units(text), unit_ids(text, alphabet)))
+            except TextUnitError:
+                summary.unknown_characters += 1
+    return jobs
+
+
+def _groups(jobs: list[tuple], size: int = BATCH) -> list[list[tuple]]:
+    """Jobs in batches of lines with exactly the same frame count: no padding, so a line's log-probs
+    do not depend on the lines it is batched with."""
+    by_frames: dict[int, list[tuple]] = {}
+    for job in jobs:
+        by_frames.setdefault(job[0].n_frames, []).append(job)
+    return [group[i:i + size] for group in by_frames.values() for i in range(0, len(group), size)]
+
+
+def align_jobs(model: CTCAligner, corpus_dir, jobs: list[tuple], summary: AlignSummary, progress: bool) -> dict:
+    """{path: JSON line} of every job."""
+    rows, scored, done, t0 = {}, [], 0, time.time()
+    for group in _groups(jobs):
+        feats, spans = zip(*[_features(Path(corpus_dir) / entry.path, entry.n_frames) for entry, _, _ in group])
+        with torch.no_grad():
+            log_probs = model(torch.stack(feats))
+        for (entry, line_units, ids), lp, span in zip(group, log_probs, spans):
+            found = align_units(lp, ids, span)
+            summary.aligned += 1
+            summary.fallbacks += found.fallback
+            if found.confidence is not None:
+                scored.append((found.confidence, entry.path))
+            rows[entry.path] = json.dumps({"path": entry.path, "units": line_units, "durations": found.frames,
+                                           "confidence": None if found.confidence is None else round(found.confidence, 4)},
+                                          ensure_ascii=False)
+        if progress and (done + len(group)) // 1000 > done // 1000:
+            print(f"  aligned {done + len(group)}/{len(jobs)} lines ({time.time() - t0:.0f} s)", flush=True)
+        done += len(group)
+    summary.low_confidence = sorted(scored)[:5]
+    return rows
 
 
 def align_token_folder(tokens_dir: str | os.PathLike, corpus_dir: str | os.PathLike, aligner_dir: str | os.PathLike,
@@ -84,32 +132,12 @@ def align_token_folder(tokens_dir: str | os.PathLike, corpus_dir: str | os.PathL
     if not Path(tokens_dir).is_dir():
         raise FileNotFoundError(f"no token folder at {tokens_dir}")
     model = CTCAligner.from_pretrained(aligner_dir)
-    t0, summary, rows, scored = time.time(), AlignSummary(), [], []
+    t0, summary = time.time(), AlignSummary()
     with folder_lock(tokens_dir):
         shards = TokenShards.open(tokens_dir)
         _check_geometry(shards.meta, tokens_dir)
-        for i, entry in enumerate(shards.entries):
-            text = entry.metadata.get("text")
-            if entry.path.split("/")[0] not in splits:
-                summary.other_splits += 1
-            elif not isinstance(text, str) or not normalize(text):
-                summary.without_text += 1
-            else:
-                try:
-                    line_units, found = align_entry(model, Path(corpus_dir) / entry.path, text, entry.n_frames)
-                except TextUnitError:
-                    summary.unknown_characters += 1
-                    continue
-                summary.aligned += 1
-                summary.fallbacks += found.fallback
-                if found.confidence is not None:
-                    scored.append((found.confidence, entry.path))
-                rows.append(json.dumps({"path": entry.path, "units": line_units, "durations": found.frames,
-                                        "confidence": None if found.confidence is None else round(found.confidence, 4)},
-                                       ensure_ascii=False))
-            if progress and (i + 1) % 1000 == 0:
-                print(f"  {i + 1}/{len(shards.entries)} entries ({time.time() - t0:.0f} s)", flush=True)
-        atomic_write_text(Path(tokens_dir) / ALIGNMENTS, "".join(r + "\n" for r in rows))
+        jobs = _choose(shards.entries, splits, model.config.alphabet, summary)
+        rows = align_jobs(model, corpus_dir, jobs, summary, progress)
+        atomic_write_text(Path(tokens_dir) / ALIGNMENTS, "".join(rows[e.path] + "\n" for e, _, _ in jobs))
     summary.seconds = time.time() - t0
-    summary.low_confidence = sorted(scored)[:5]
     return summary
