@@ -19,6 +19,9 @@ ROWS = [
     ("out-under-a-file", ["--out", "{w}/p.wav/a/o.wav"], 2, "p.wav is a file, not a folder", ()),
     ("prompt-past-full-scale", ["--prompt", "{w}/loud.wav", "--out", "{w}/o.wav"], 0,
      "warning: {w}/loud.wav peaks at 8.00", ("o.full.wav", "o.wav")),
+    ("steps-on-the-ar-lm", ["--out", "{w}/o.wav", "--steps", "4"], 2, "--steps is not an option of the 'ar' LM family "
+     "({w}/lm; its decoding options: --no-cache, --monotonic / --no-monotonic)", ()),
+    ("window-on-the-ar-lm", ["--out", "{w}/o.wav", "--window", "8"], 2, "--window is not an option of the 'ar'", ()),
     ("missing-prompt", ["--prompt", "{w}/nope.wav", "--out", "{w}/o.wav"], 2, "no such file", ()),
     ("no-lm-folder", ["--lm", "{w}/nowhere", "--out", "{w}/o.wav"], 2, "no LM folder", ()),
     ("zero-seconds", ["--out", "{w}/o.wav", "--seconds", "0"], 2, "--seconds must be > 0", ()),

@@ -178,7 +178,10 @@ FAMILY_FLAGS = {"steps": "--steps", "window": "--window", "choice_temperature": 
 
 
 def family_options(args: argparse.Namespace, lm_model):
-    """The LM family's decoding options from the flags; ValueError for a flag its family has no use for."""
+    """The LM family's decoding options from the flags; ValueError for a flag its family has no use for,
+    naming the flags it has (its options without a flag, such as the AR family's sink, are not offered)."""
+    from dataclasses import fields
+
     from lm.families import family_of
 
     family = family_of(lm_model.config.family)
@@ -187,6 +190,12 @@ def family_options(args: argparse.Namespace, lm_model):
                          "make its frames one by one")
     given = {"steps": args.steps, "window": args.window, "choice_temperature": args.choice_temperature,
              "use_cache": False if args.no_cache else None, "monotonic": args.monotonic}
+    known = [f.name for f in fields(family.resolve("options"))]
+    for key, value in given.items():
+        if value is not None and key not in known:
+            flags = ", ".join(FAMILY_FLAGS[k] for k in known if k in FAMILY_FLAGS) or "none"
+            raise ValueError(f"{FAMILY_FLAGS[key]} is not an option of the {family.name!r} LM family ({args.lm}; "
+                             f"its decoding options: {flags})")
     return family.make_options(given, FAMILY_FLAGS)
 
 
