@@ -74,3 +74,34 @@ def test_a_finished_run_is_resumed_with_ckpt_path_last_or_started_over_with_over
     assert resumed != first and sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
     assert main([*args, "--seed_everything", "1", "--overwrite", "true"]) == 0
     assert (run / "pretrained" / "model.safetensors").read_bytes() not in (first, resumed)
+
+
+def test_sigterm_exits_143_and_keeps_the_last_checkpoint(workspace):
+    """SIGTERM (a scheduler's stop, `kill`) mid-fit: exit 143, so `rvqlm train-lm ... && next` stops, one line
+    saying so; no pretrained/ (the run did not finish), its last checkpoint kept to resume from."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    from bad_input import one_thread_env
+
+    run = workspace / "run"
+    args = [a.format(w=workspace) for a in TINY[1:]]
+    rvqlm = Path(sys.executable).with_name("rvqlm")
+    proc = subprocess.Popen([str(rvqlm), "train-lm", *args, "--trainer.max_steps", "100000",
+                             "--trainer.default_root_dir", str(run)], env=one_thread_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoints" / "last.ckpt").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("rvqlm train-lm: terminated (SIGTERM)")
+    assert not (run / "pretrained").exists()
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["last.ckpt"]
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] >= 5

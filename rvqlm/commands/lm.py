@@ -61,9 +61,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    """LightningCLI fit; SIGTERM mid-fit (Lightning stops at the next batch and raises SIGTERMException, a
+    SystemExit whose status is 0) exits 143, as a process the signal ends, with one line."""
+    import sys
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     from lm.training import train_main
 
-    return train_main(args.lightning_args)
+    try:
+        return train_main(args.lightning_args)
+    except SIGTERMException:
+        sys.stderr.write("rvqlm train-lm: terminated (SIGTERM) before the run's end: no pretrained/ written; its "
+                         "checkpoints are kept (resume with --ckpt_path last)\n")
+        return 143
 
 
 def _export(args: argparse.Namespace) -> int:
