@@ -415,7 +415,10 @@ class LMTrainingCLI(ShortParseErrors, ReadsCheckpointsClearly, LightningCLI):
                 cb.init_args.dirpath = str(Path(run_dir) / "checkpoints")
         check_new_run(run_dir, [cb.init_args.dirpath for cb in cfg.trainer.callbacks or []
                                 if cb.class_path.endswith("ModelCheckpoint")], cfg.ckpt_path, cfg.overwrite)
-        cfg.trainer.callbacks = [*(cfg.trainer.callbacks or []), Namespace(class_path="lm.run_lock.RunFolderLock")]
+        forget = Namespace(class_path="rvqlm_core.run_folder.ForgetsUnstartedLogs",
+                           init_args=Namespace(log_root=str(Path(run_dir) / "logs")))
+        lock = Namespace(class_path="lm.run_lock.RunFolderLock")
+        cfg.trainer.callbacks = [*(cfg.trainer.callbacks or []), forget, lock]
         if cfg.trainer.logger in (None, True):
             cfg.trainer.logger = Namespace(class_path="lightning.pytorch.loggers.CSVLogger",
                                            init_args=Namespace(save_dir=str(run_dir), name="logs"))

@@ -6,16 +6,22 @@ exported model, so the earlier weights are never replaced without a word: resume
 one; Lightning keeps the earlier checkpoints and numbers the new ones, last-v1.ckpt).
 
 Checkpoints are written atomically and read with one line for a file that is not one
-(`AtomicCheckpointIO`, `ReadsCheckpointsClearly`); a command line LightningCLI cannot parse is
-refused in one line naming the command's help (`ShortParseErrors`), not with its ~90 lines of usage.
+(`AtomicCheckpointIO`, `ReadsCheckpointsClearly`); a run that holds the folder sweeps the temporary
+files (`.NAME.tmp-*`) a killed writer left in it before its first checkpoint (`sweep_temp_files`), and
+a run that ends before its first step takes the log folder it made with it (`ForgetsUnstartedLogs`).
+A command line LightningCLI cannot parse is refused in one line naming the command's help
+(`ShortParseErrors`), not with its ~90 lines of usage.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
+import lightning.pytorch as pl
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from rvqlm_core.atomic import atomic_path
@@ -51,11 +57,53 @@ def check_new_run(run_dir: str | os.PathLike, checkpoint_dirs: Iterable[str | os
                          "another --trainer.default_root_dir")
 
 
+def sweep_temp_files(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files `atomic_path` names `.NAME.tmp-*` that a killed writer left in `folder`
+    (kill -9 between the temporary file and its rename); only for a caller that holds the folder, so no
+    other writer is midway. Returns what it removed."""
+    folder = Path(folder)
+    removed = []
+    for p in sorted(folder.glob(".*.tmp-*")) if folder.is_dir() else []:
+        if p.is_file():
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+    return removed
+
+
+class ForgetsUnstartedLogs(pl.Callback):
+    """A run that ends in an error before its first step (refused by the folder lock, a bad checkpoint, a
+    check at fit start) removes the log folders it made under `log_root` (logs/version_N holding at most
+    its config), and log_root itself if it made it: a refused run leaves no empty logs/version_N."""
+
+    def __init__(self, log_root: str) -> None:
+        self.log_root = Path(log_root)
+        self.had_root = self.log_root.exists()
+        self.before = set(self.log_root.iterdir()) if self.had_root else set()
+
+    def on_exception(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", exception: BaseException) -> None:
+        if trainer.global_step > 0 or not self.log_root.is_dir():
+            return
+        for folder in set(self.log_root.iterdir()) - self.before:
+            if folder.is_dir() and all(p.name in ("config.yaml", "hparams.yaml") for p in folder.rglob("*")):
+                shutil.rmtree(folder, ignore_errors=True)
+        if not self.had_root and not any(self.log_root.iterdir()):
+            self.log_root.rmdir()
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning checkpoints written to a temporary name and renamed (a kill never leaves half a file),
     and read with one line for a file that is not a checkpoint (`--ckpt_path in.wav`)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._swept: set[Path] = set()
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        folder = Path(path).parent
+        if folder not in self._swept:  # this run holds the folder (lm.run_lock): no other writer is midway
+            sweep_temp_files(folder)
+            self._swept.add(folder)
         with atomic_path(path) as tmp:
             super().save_checkpoint(checkpoint, tmp, storage_options)
 

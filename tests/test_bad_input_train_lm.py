@@ -69,6 +69,7 @@ def test_a_finished_run_is_resumed_with_ckpt_path_last_or_started_over_with_over
     args = [*[a.format(w=workspace) for a in TINY], "--trainer.default_root_dir", str(run)]
     assert main(args) == 0 and (run / "checkpoints" / "last.ckpt").is_file()
     first = (run / "pretrained" / "model.safetensors").read_bytes()
+    (run / "checkpoints" / ".last.ckpt.tmp-k9x2mq.ckpt").write_bytes(b"")  # what kill -9 mid-write leaves
     assert main([*args, "--trainer.max_steps", "4", "--ckpt_path", "last"]) == 0
     resumed = (run / "pretrained" / "model.safetensors").read_bytes()
     assert resumed != first and sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
@@ -105,3 +106,16 @@ def test_sigterm_exits_143_and_keeps_the_last_checkpoint(workspace):
     assert not (run / "pretrained").exists()
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["last.ckpt"]
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] >= 5
+
+
+def test_a_run_refused_by_the_folder_lock_leaves_no_trace(workspace, capsys):
+    """A second train-lm into a folder another run holds is refused in one line and writes nothing there
+    (it used to leave an empty logs/version_N)."""
+    import os
+
+    from rvqlm_core.folder_lock import folder_lock
+
+    run = workspace / "run"
+    with folder_lock(run):
+        check_row(workspace, [*TINY, "--trainer.default_root_dir", str(run)], 2,
+                  f"{run} is being written by another run (pid {os.getpid()}", capsys)
