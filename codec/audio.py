@@ -10,11 +10,12 @@ WAV is still read (codec/pcm_wav.py); other formats, and writing, then name the 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -150,16 +151,37 @@ def load_audio(
     return to_layout(wav, info.sample_rate, sample_rate, channels, path=path)
 
 
+class FullScale:
+    """The peak of audio `add`ed block by block ([C, n] each), how many of its samples go past full scale
+    (|x| > 1, which float files can hold) and how many frames it had."""
+
+    def __init__(self) -> None:
+        self.peak, self.past, self.samples, self.frames = 0.0, 0, 0, 0
+
+    def add(self, wav: torch.Tensor) -> torch.Tensor:
+        """Count `wav` in and return it (so a stream of blocks can pass through)."""
+        if wav.numel():
+            self.peak = max(self.peak, float(wav.abs().max()))
+            self.past += int((wav.abs() > 1.0).sum())
+        self.samples += wav.numel()
+        self.frames += wav.shape[-1]
+        return wav
+
+    def warning(self, path: str | os.PathLike) -> str | None:
+        """One line when the audio went past full scale: audio is written within [-1, 1] (`save_audio`,
+        `audio_writer`), so what a codec makes of it will be clipped. None within full scale."""
+        if not self.peak > 1.0:
+            return None
+        share = 100.0 * self.past / max(self.samples, 1)
+        return (f"{path} peaks at {self.peak:.2f}, past full scale (1.0) in {share:.1f} % of its samples: what is "
+                f"made of it is written clipped to [-1, 1]; scale the file by {1 / self.peak:.3g} or less first")
+
+
 def full_scale_warning(wav: torch.Tensor, path: str | os.PathLike) -> str | None:
-    """One line when audio read from `path` goes past full scale (|x| > 1, which float files can hold):
-    audio is written within [-1, 1] (`save_audio`), so what a codec makes of it will be clipped. None
-    within full scale."""
-    peak = float(wav.abs().max()) if wav.numel() else 0.0
-    if not peak > 1.0:
-        return None
-    share = 100.0 * float((wav.abs() > 1.0).float().mean())
-    return (f"{path} peaks at {peak:.2f}, past full scale (1.0) in {share:.1f} % of its samples: what is made of it "
-            f"is written clipped to [-1, 1]; scale the file by {1 / peak:.3g} or less first")
+    """`FullScale.warning` of one tensor [C, S] read from `path`."""
+    level = FullScale()
+    level.add(wav)
+    return level.warning(path)
 
 
 def iter_audio_blocks(
@@ -235,16 +257,34 @@ def save_audio(path: str | os.PathLike, wav: torch.Tensor, sample_rate: int, sub
         raise ValueError(f"save_audio expects [C, S], got {tuple(wav.shape)}")
     if not torch.isfinite(wav).all():
         raise ValueError(f"{path}: refusing to write NaN or infinite samples")
-    data = wav.clamp(-1.0, 1.0).numpy().T
+    with audio_writer(path, sample_rate, wav.shape[0], subtype) as write:
+        write(wav)
+    return path
+
+
+@contextlib.contextmanager
+def audio_writer(path: str | os.PathLike, sample_rate: int, channels: int,
+                 subtype: str | None = None) -> Iterator[Callable[[torch.Tensor], None]]:
+    """Write audio block by block, in bounded memory: yields `write(block)` for float blocks [C, n], clipped
+    to [-1, 1] as `save_audio`; the file (format from the suffix, wav default PCM_16) appears, complete,
+    when the block ends without an error (written under a temporary name, then renamed)."""
+    path = Path(path)
     fmt = path.suffix.lstrip(".").upper() or "WAV"
     if subtype is None and fmt == "WAV":
         subtype = "PCM_16"
     sf = _soundfile()
     if sf is None:
         raise RuntimeError(f"{path}: writing audio needs the soundfile package (pip install soundfile)")
-    with atomic_path(path) as tmp:
-        sf.write(str(tmp), data, sample_rate, subtype=subtype, format=fmt)
-    return path
+
+    with atomic_path(path) as tmp, sf.SoundFile(str(tmp), "w", sample_rate, channels, subtype=subtype,
+                                                format=fmt) as out:
+        def write(block: torch.Tensor) -> None:
+            block = block.detach().to("cpu", torch.float32)
+            if not torch.isfinite(block).all():
+                raise ValueError(f"{path}: refusing to write NaN or infinite samples")
+            out.write(block.clamp(-1.0, 1.0).numpy().T)
+
+        yield write
 
 
 def _read(path: str | os.PathLike, start: int, frames: int, total: int | None = None) -> np.ndarray:

@@ -34,7 +34,7 @@ when it is built.
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 import torch
 from einops import rearrange
@@ -206,17 +206,44 @@ def stream_roundtrip(codec, wav: torch.Tensor, chunk: int, n_q: int | None = Non
     The audio is `Codec.decode(Codec.encode(wav))` trimmed to S."""
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1 sample, got {chunk}")
+    done = list(stream_chunks(codec, (wav[..., at: at + chunk] for at in range(0, wav.shape[-1], chunk)), n_q))
+    return torch.cat([audio for audio, _ in done], dim=-1)[..., : wav.shape[-1]], [t for _, t in done]
+
+
+def stream_chunks(codec, chunks: Iterable[torch.Tensor], n_q: int | None = None
+                  ) -> Iterator[tuple[torch.Tensor, ChunkTime]]:
+    """Each chunk [B, C, n] of `chunks` through a StreamingEncoder and a StreamingDecoder as it comes ->
+    (the audio it made final [B, C, m], its ChunkTime); the last chunk's item includes both flushes, so all
+    the audio is `Codec.decode(Codec.encode(all the chunks))`, a whole frame longer at most. Memory stays
+    bounded whatever the stream's length (`stream_roundtrip` on a tensor; `rechunk` for file blocks)."""
     enc, dec = StreamingEncoder(codec, n_q=n_q), StreamingDecoder(codec)
-    out, times = [], []
-    starts = range(0, wav.shape[-1], chunk)
-    for i, at in enumerate(starts):
+    chunks = iter(chunks)
+    ahead = next(chunks, None)
+    if ahead is None:
+        raise ValueError("no audio to stream")
+    while ahead is not None:
+        wav, ahead = ahead, next(chunks, None)  # one chunk ahead, to know the last one
         t0, c0 = time.perf_counter(), time.thread_time()
-        codes = enc.push(wav[..., at: at + chunk])
-        if i == len(starts) - 1:
+        codes = enc.push(wav)
+        if ahead is None:
             codes = torch.cat([codes, enc.flush()], dim=-1)
         t1, c1 = time.perf_counter(), time.thread_time()
-        out.append(dec.push(codes))
-        if i == len(starts) - 1:
-            out.append(dec.flush())
-        times.append(ChunkTime(t1 - t0, time.perf_counter() - t1, c1 - c0, time.thread_time() - c1))
-    return torch.cat(out, dim=-1)[..., : wav.shape[-1]], times
+        audio = dec.push(codes)
+        if ahead is None:
+            audio = torch.cat([audio, dec.flush()], dim=-1)
+        yield audio, ChunkTime(t1 - t0, time.perf_counter() - t1, c1 - c0, time.thread_time() - c1)
+
+
+def rechunk(blocks: Iterable[torch.Tensor], size: int) -> Iterator[torch.Tensor]:
+    """Blocks [C, n] of any lengths (e.g. `codec.audio.iter_audio_blocks`) -> chunks [1, C, size] in order,
+    the last one shorter when the total is no multiple of `size`."""
+    if size < 1:
+        raise ValueError(f"chunk must be at least 1 sample, got {size}")
+    held = None
+    for block in blocks:
+        held = block if held is None else torch.cat([held, block], dim=-1)
+        while held.shape[-1] >= size:
+            yield held[None, :, :size]
+            held = held[:, size:]
+    if held is not None and held.shape[-1]:
+        yield held[None]

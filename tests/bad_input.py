@@ -95,8 +95,12 @@ def check_row(root: Path, argv: Sequence[str], code: int, message: str, capsys,
 
 
 def assert_one_line(err: str, message: str) -> None:
+    """One line holding `message` on stderr; none at all for message "" (a row that succeeds quietly)."""
     lines = err.strip().splitlines()
     assert "Traceback" not in err, err
+    if not message:
+        assert lines == [], err
+        return
     assert len(lines) == 1, err
     assert message in lines[0], err
 

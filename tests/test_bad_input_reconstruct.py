@@ -71,3 +71,15 @@ def test_an_unwritable_folder_is_named_in_one_line(workspace, capsys, monkeypatc
     monkeypatch.setattr(tempfile, "mkstemp", refuse)
     check_row(workspace, ["reconstruct", "{w}/in.wav", "{w}/ro/out.wav", "--codec", "{w}/codec"], 2,
               f"rvqlm reconstruct: error: {workspace / 'ro'}: Permission denied", capsys)
+
+
+def test_stream_is_not_held_to_the_whole_file_limit(workspace, capsys):
+    """reconstruct holds a whole file in memory, so it refuses files past 180 s; --stream runs chunk by
+    chunk in bounded memory (the file read and the output written block by block) and takes them."""
+    import soundfile as sf
+
+    write_wav(workspace / "long.wav", seconds=181)
+    argv = ["reconstruct", "{w}/long.wav", "{w}/out.wav", "--codec", "{w}/codec"]
+    check_row(workspace, argv, 2, "too long (181.0 s > limit 180.0 s)", capsys)
+    check_row(workspace, [*argv, "--stream", "--chunk-ms", "500"], 0, "", capsys, new=["out.wav"])
+    assert sf.info(str(workspace / "out.wav")).frames == 181 * 16000

@@ -21,7 +21,7 @@ CODEC_HELP = ("codec folder (config.json + model.safetensors): rvqlm's own, or a
               "Mimi folder (pip install -e '.[hf]')")
 
 #: Whole-file commands hold the signal and the decoder's activations in memory; longer files
-#: belong to `rvqlm tokenize` (chunked).
+#: belong to `rvqlm tokenize` (chunked) or `reconstruct --stream` (block by block).
 MAX_SECONDS = 180.0
 
 
@@ -55,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--stream", action="store_true",
                    help="run the streaming encoder and decoder on chunks as live audio would come, and print "
-                        "each chunk's compute time against its duration (same output, within 1e-5)")
+                        "each chunk's compute time against its duration (same output, within 1e-5; in bounded "
+                        f"memory, so files past the {MAX_SECONDS:.0f} s of a whole-file run are taken)")
     p.add_argument("--chunk-ms", type=float, default=20.0, metavar="MS",
                    help="with --stream: chunk length in milliseconds (default 20)")
     p.set_defaults(func=_reconstruct)
@@ -141,43 +142,63 @@ def _reconstruct(args: argparse.Namespace) -> int:
     from codec.audio import save_audio
 
     codec = _load(args)
-    if args.stream and getattr(codec, "stream_refusal", None):
-        raise ValueError(codec.stream_refusal)
-    wav = _read_audio(args.input, codec, args.command)  # [C, S]
     k = args.n_codebooks or codec.n_codebooks
     if args.stream:
-        out = _reconstruct_streaming(codec, wav, args.chunk_ms, k)
+        seconds = _reconstruct_streaming(args, codec, k)
     else:
-        out = codec.decode(codec.encode(wav[None], n_q=k))[0, :, : wav.shape[-1]]
-    save_audio(args.output, out, codec.sample_rate)
-    print(f"{args.output}: {wav.shape[-1] / codec.sample_rate:.2f} s through {k} codebooks "
-          f"({codec.bitrate_kbps(k):.2f} kbps)")
+        wav = _read_audio(args.input, codec, args.command)  # [C, S]
+        save_audio(args.output, codec.decode(codec.encode(wav[None], n_q=k))[0, :, : wav.shape[-1]], codec.sample_rate)
+        seconds = wav.shape[-1] / codec.sample_rate
+    print(f"{args.output}: {seconds:.2f} s through {k} codebooks ({codec.bitrate_kbps(k):.2f} kbps)")
     return 0
 
 
-def _reconstruct_streaming(codec, wav, chunk_ms: float, n_q: int):
-    """wav [C, S] through the streaming codec in chunks of chunk_ms; prints the compute per chunk -> [C, S]."""
+def _reconstruct_streaming(args: argparse.Namespace, codec, n_q: int) -> float:
+    """args.input through the streaming codec in chunks of --chunk-ms as live audio would come, read and
+    written block by block (bounded memory, so no MAX_SECONDS); prints the compute per chunk -> seconds."""
+    import sys
+
+    from codec.audio import FullScale, audio_info, audio_writer, iter_audio_blocks
+    from codec.streaming import rechunk, stream_chunks
+
+    if getattr(codec, "stream_refusal", None):
+        raise ValueError(codec.stream_refusal)
+    if not (math.isfinite(args.chunk_ms) and round(args.chunk_ms * codec.sample_rate / 1000) >= 1):
+        raise ValueError(f"--chunk-ms must be at least one sample ({1000 / codec.sample_rate:.3f} ms), "
+                         f"got {args.chunk_ms}")
+    chunk = round(args.chunk_ms * codec.sample_rate / 1000)
+    audio_info(args.input)  # a missing or broken file is refused before the output is opened
+    level, times, written = FullScale(), [], 0
+    blocks = (level.add(b) for b in iter_audio_blocks(args.input, codec.sample_rate, codec.channels))
+    with audio_writer(args.output, codec.sample_rate, codec.channels) as write:
+        for audio, spent in stream_chunks(codec, rechunk(blocks, chunk), n_q=n_q):
+            audio = audio[0, :, : level.frames - written]  # the last frame is zero-padded past the input's end
+            write(audio)
+            written += audio.shape[-1]
+            times.append(spent)
+    if level.warning(args.input):
+        sys.stderr.write(f"rvqlm {args.command}: warning: {level.warning(args.input)}\n")
+    _print_stream_times(codec, times, chunk, written / codec.sample_rate)
+    return written / codec.sample_rate
+
+
+def _print_stream_times(codec, times: list, chunk: int, duration: float) -> None:
+    """The compute per chunk of `codec.streaming.stream_chunks`' ChunkTimes, and the latency."""
     import statistics
 
     import torch
 
-    from codec.streaming import StreamingDecoder, stream_roundtrip
+    from codec.streaming import StreamingDecoder
 
-    if not (math.isfinite(chunk_ms) and round(chunk_ms * codec.sample_rate / 1000) >= 1):
-        raise ValueError(f"--chunk-ms must be at least one sample ({1000 / codec.sample_rate:.3f} ms), got {chunk_ms}")
-    chunk = round(chunk_ms * codec.sample_rate / 1000)
-    out, times = stream_roundtrip(codec, wav[None], chunk, n_q=n_q)
     ms = sorted(1000 * (t.encode + t.decode) for t in times)
     cpu = sorted(1000 * (t.encode_cpu + t.decode_cpu) for t in times)
     p95 = ms[min(len(ms) - 1, math.ceil(0.95 * len(ms)) - 1)]
-    duration = wav.shape[-1] / codec.sample_rate
     decoder = StreamingDecoder(codec)
     print(f"streamed {len(ms)} chunks of {1000 * chunk / codec.sample_rate:.1f} ms on {torch.get_num_threads()} "
           f"thread(s): compute per chunk median {statistics.median(ms):.2f} ms, p95 {p95:.2f} ms, max {ms[-1]:.2f} ms "
           f"(CPU time median {statistics.median(cpu):.2f} ms); real-time factor {sum(ms) / 1000 / duration:.3f}; "
           f"algorithmic latency {decoder.latency_ms:.1f} ms (frame {1000 * codec.hop_length / codec.sample_rate:.1f} "
           f"ms + decoder look-ahead {1000 * decoder.lookahead_samples / codec.sample_rate:.1f} ms)")
-    return out[0]
 
 
 def _encode(args: argparse.Namespace) -> int:
