@@ -12,7 +12,7 @@ import torch
 
 from lm.text_units import unit_ids, units
 from rvqlm.align.ctc import AlignerConfig, CTCAligner
-from rvqlm.align.durations import align_units, even_durations, path_durations, speech_span
+from rvqlm.align.durations import align_units, even_durations, path_durations, loud_frames
 from rvqlm.align.features import N_MELS, log_mel
 from rvqlm.cli import main
 
@@ -45,16 +45,21 @@ def test_durations_follow_the_forced_path():
     assert path_durations(path, 4) == found.frames
 
 
-def test_the_edges_follow_the_speech_by_energy():
-    """CTC's spikes sit off the sound: with the speech span (by energy) the first unit starts where speech
-    starts and the last ends where it ends, the rest of the silence is the edges'."""
-    path = [0, 0, 0, 2, 2, 0, 3, 0, 1, 1, 2, 2, 0, 0, 0, 0]
-    assert path_durations(path, 4, (1, 13)) == [1, 5, 2, 2, 4, 2]  # speech before the first spike, after the last
-    assert path_durations(path, 4, (5, 10)) == [5, 1, 2, 2, 4, 2]  # spike in silence: moved, never past unit 2
+def _loud(first: int, last: int, total: int = 16, quiet: tuple = ()) -> list[bool]:
+    return [first <= t <= last and t not in quiet for t in range(total)]
+
+
+def test_the_silences_follow_the_speech_by_energy():
+    """CTC's spikes sit off the sound: with the loud frames (by energy) the first unit starts where speech
+    starts, the last ends where it ends, and a pause before a WORD is the WORD's."""
+    path = [0, 0, 0, 2, 2, 0, 3, 0, 1, 1, 2, 2, 0, 0, 0, 0]  # "_ab a_"
+    assert path_durations(path, 4, _loud(1, 13)) == [1, 5, 2, 2, 4, 2]  # speech before the first spike, after the last
+    assert path_durations(path, 4, _loud(5, 10)) == [5, 1, 2, 2, 4, 2]  # a spike in silence: moved, never past unit 2
+    assert path_durations(path, 4, _loud(1, 13, quiet=(7,))) == [1, 5, 1, 3, 4, 2]  # b ends at the pause
     wav = torch.zeros(16 * 320)
     wav[4 * 320:11 * 320] = torch.sin(torch.arange(7 * 320) * 0.3)
-    assert speech_span(wav + 1e-4 * torch.randn(len(wav)), 16) == (4, 10)
-    assert speech_span(torch.zeros(100), 1) == (0, 0)
+    assert loud_frames(wav + 1e-4 * torch.randn(len(wav)), 16) == _loud(4, 10)
+    assert loud_frames(torch.zeros(100), 1) == [False]
 
 
 def test_repeated_units_are_two_runs():

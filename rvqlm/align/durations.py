@@ -21,6 +21,7 @@ import torch
 
 from rvqlm.align.ctc import BLANK
 
+WORD_CLASS = 1  # the WORD unit's class (its alphabet index)
 TAIL = 2  # frames after the last unit's emission that still sound as that unit
 
 
@@ -56,39 +57,47 @@ def unit_starts(path: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def speech_span(wav: torch.Tensor, frames: int, hop: int = 320) -> tuple[int, int]:
-    """(first, last) frame whose energy says speech: above max(peak - 35 dB, the quietest 5 % + 6 dB),
-    frame t being samples [t * hop, (t + 1) * hop). (0, frames - 1) when no frame is quiet."""
+def loud_frames(wav: torch.Tensor, frames: int, hop: int = 320) -> list[bool]:
+    """Whether each frame's energy says speech: above max(peak - 35 dB, the quietest 5 % + 6 dB), frame t
+    being samples [t * hop, (t + 1) * hop)."""
     x = torch.nn.functional.pad(wav.reshape(-1).float(), (0, frames * hop - wav.numel()))[:frames * hop]
     db = 10 * torch.log10(x.reshape(frames, hop).pow(2).mean(dim=1) + 1e-10)
     threshold = max(float(db.max()) - 35.0, float(db.quantile(0.05)) + 6.0)
-    loud = (db > threshold).nonzero().flatten().tolist()
-    return (loud[0], loud[-1]) if loud else (0, frames - 1)
+    return (db > threshold).tolist()
 
 
-def path_durations(path: list[int], n_targets: int, speech: tuple[int, int] | None = None) -> list[int]:
+def path_durations(path: list[int], n_targets: int, loud: list[bool] | None = None) -> list[int]:
     """Durations of the n_targets + 2 units (edges included) from a forced path (classes per frame).
 
-    `speech` (first, last frame of speech by energy) moves the edges onto the silence: CTC's emission
-    runs are short spikes that may sit a few frames off the sound, so the first unit starts where speech
-    starts (if that is before the second unit's run) and the last unit ends where speech ends (or TAIL
-    frames after its run, whichever is later)."""
+    `loud` (speech by energy, per frame) moves the silences to the units a listener hears them in: CTC's
+    emission runs are short spikes that may sit a few frames off the sound, so the first unit starts
+    where speech starts (if that is before the second unit's run), the last ends where speech ends (or
+    TAIL frames after its run, whichever is later), and a WORD unit starts at the first quiet frame after
+    the previous unit's run (a pause between words is the WORD's, not the last letter's)."""
     runs = unit_starts(path)
     if len(runs) != n_targets:
         raise AssertionError(f"the forced path holds {len(runs)} units, the line {n_targets}")
     total = len(path)
     starts = [s for s, _ in runs]
     last_end = min(total, runs[-1][1] + 1 + TAIL)
-    if speech is not None:
-        last_end = min(total, max(last_end, speech[1] + 1))
-        starts[0] = min(speech[0], (starts[1] if n_targets > 1 else last_end) - 1)
+    if loud is not None:
+        speech = [t for t, x in enumerate(loud) if x]
+        if speech:
+            last_end = min(total, max(last_end, speech[-1] + 1))
+            starts[0] = min(speech[0], (starts[1] if n_targets > 1 else last_end) - 1)
+        for k in range(1, n_targets):
+            if path[starts[k]] == WORD_CLASS:
+                t = runs[k - 1][1] + 1
+                while t < starts[k] and loud[t]:
+                    t += 1
+                starts[k] = max(t, starts[k - 1] + 1)
     inner = [b - a for a, b in zip(starts, starts[1:])] + [last_end - starts[-1]]
     return [starts[0], *inner, total - last_end]
 
 
-def align_units(log_probs: torch.Tensor, ids: list[int], speech: tuple[int, int] | None = None) -> Durations:
+def align_units(log_probs: torch.Tensor, ids: list[int], loud: list[bool] | None = None) -> Durations:
     """log_probs [T, C] of one line and the ids of its units (unit_ids: edges included) -> Durations;
-    `speech`: see path_durations."""
+    `loud`: see path_durations."""
     import torchaudio.functional as AF
 
     frames, targets = log_probs.shape[0], ids[1:-1]
@@ -96,6 +105,6 @@ def align_units(log_probs: torch.Tensor, ids: list[int], speech: tuple[int, int]
         return Durations(even_durations(len(ids), frames), None, True)
     labels, scores = AF.forced_align(log_probs[None].float(), torch.tensor([targets], dtype=torch.int32),
                                      blank=BLANK)
-    durations = path_durations(labels[0].tolist(), len(targets), speech)
+    durations = path_durations(labels[0].tolist(), len(targets), loud)
     assert sum(durations) == frames and all(d >= 0 for d in durations)
     return Durations(durations, float(scores[0].mean()), False)

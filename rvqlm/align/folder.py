@@ -26,7 +26,7 @@ import torch
 
 from lm.text_units import TextUnitError, normalize, unit_ids, units
 from rvqlm.align.ctc import CTCAligner
-from rvqlm.align.durations import align_units, speech_span
+from rvqlm.align.durations import align_units, loud_frames
 from rvqlm.align.features import HOP, SAMPLE_RATE, frame_count, log_mel
 
 ALIGNMENTS = "alignments.jsonl"
@@ -58,8 +58,8 @@ def _check_geometry(meta: dict, tokens_dir) -> None:
                          f"a second; these tokens are {rate} Hz at {frame_rate:g} frames a second")
 
 
-def _features(audio: Path, n_frames: int) -> tuple[torch.Tensor, tuple[int, int]]:
-    """The features of one line and its speech span (durations.speech_span); ValueError when its audio
+def _features(audio: Path, n_frames: int) -> tuple[torch.Tensor, list[bool]]:
+    """The features of one line and which frames are loud (durations.loud_frames); ValueError when its audio
     does not give the tokens' `n_frames` frames."""
     from codec.audio import load_audio
 
@@ -69,7 +69,7 @@ def _features(audio: Path, n_frames: int) -> tuple[torch.Tensor, tuple[int, int]
     if frame_count(wav.shape[-1]) != n_frames:
         raise ValueError(f"{audio} makes {frame_count(wav.shape[-1])} frames but its tokens have {n_frames}: "
                          f"not the audio these tokens were made from")
-    return log_mel(wav), speech_span(wav, n_frames)
+    return log_mel(wav), loud_frames(wav, n_frames)
 
 
 def _choose(entries, splits: tuple[str, ...], alphabet: str, summary: AlignSummary) -> list[tuple]:
