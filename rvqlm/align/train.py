@@ -39,7 +39,7 @@ class Example:
 
 @dataclass
 class TrainSettings:
-    steps: int = 3000
+    steps: int = 1000  # ~1 s a step on one thread of the shared 2-core machine: ~17 min
     batch_size: int = 16
     lr: float = 1e-3
     warmup: int = 100
