@@ -88,7 +88,8 @@ def test_the_model_folder_round_trips(tmp_path):
         CTCAligner.from_pretrained(tmp_path / "missing")
 
 
-TEXTS = {"train": ["Ahoj, rybko.", "Co je to?", "Ano ano.", None], "valid": ["Pojď sem!", "abcdefghij" * 4], "test": ["Tady."]}
+TEXTS = {"train": ["Ahoj, rybko.", "Co je to?", "Ano ano.", None], "valid": ["Pojď sem!", "abcdefghij" * 4],
+         "test": ["Tady."]}
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +129,8 @@ def test_train_aligner_and_align_a_token_folder(tiny, capsys):
     assert main(["align", str(tiny / "tokens"), "--corpus", str(tiny / "corpus"), "--aligner", str(tiny / "aligner"),
                  "--threads", "1"]) == 0
     assert "aligned 6 lines (1 spread evenly" in capsys.readouterr().out  # 40 letters on 36 frames
-    rows = [json.loads(line) for line in (tiny / "tokens" / "alignments.jsonl").read_text(encoding="utf-8").splitlines()]
+    text = (tiny / "tokens" / "alignments.jsonl").read_text(encoding="utf-8")
+    rows = [json.loads(line) for line in text.splitlines()]
     shards = TokenShards.open(tiny / "tokens")  # the extra file leaves the token folder readable
     texts = {e.path: e.metadata.get("text") for e in shards.entries}
     assert sorted(r["path"] for r in rows) == sorted(p for p, t in texts.items() if t)

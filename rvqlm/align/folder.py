@@ -111,9 +111,9 @@ def align_jobs(model: CTCAligner, corpus_dir, jobs: list[tuple], summary: AlignS
             summary.fallbacks += found.fallback
             if found.confidence is not None:
                 scored.append((found.confidence, entry.path))
+            confidence = None if found.confidence is None else round(found.confidence, 4)
             rows[entry.path] = json.dumps({"path": entry.path, "units": line_units, "durations": found.frames,
-                                           "confidence": None if found.confidence is None else round(found.confidence, 4)},
-                                          ensure_ascii=False)
+                                           "confidence": confidence}, ensure_ascii=False)
         if progress and (done + len(group)) // 1000 > done // 1000:
             print(f"  aligned {done + len(group)}/{len(jobs)} lines ({time.time() - t0:.0f} s)", flush=True)
         done += len(group)

@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "CER), and save it to OUT_DIR (config.json + model.safetensors), also every 250 steps.")
     t.add_argument("corpus_dir", metavar="CORPUS_DIR", help="a prepared corpus folder with texts (train/, valid/)")
     t.add_argument("out_dir", metavar="OUT_DIR", help="the aligner folder to write")
-    t.add_argument("--steps", type=int, default=None, metavar="N", help="training steps (default 1000: ~17 min on one busy core)")
+    t.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="training steps (default 1000: ~17 min on one busy core)")
     t.add_argument("--batch-size", type=int, default=16, metavar="B", help="lines per step (default 16)")
     t.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     t.add_argument("--init", default=None, metavar="DIR",
