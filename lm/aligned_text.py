@@ -97,6 +97,40 @@ class FrameText(nn.Module):
         return ((pred - target) ** 2)[known].mean()
 
 
+class AlignedEnd:
+    """An aligned-text LM's end at generation: a row's text fills its first F frames (its units'
+    durations), so codebook 0 may choose the end only from frame F on, and must at frame F + `linger`.
+    Rows without a text (the null rows of guidance included) are free. Call `before(n)` ahead of each
+    decoder forward over n positions and `after(logits)` on its logits (as lm.alignment.ReadingWindow)."""
+
+    def __init__(self, model, memory, linger: int = 25):
+        if linger < 0:
+            raise ValueError(f"linger must be >= 0, got {linger}")
+        self.end_id, self.linger = model.config.end_id, linger
+        self.frames = memory.frame_len  # [R] frames each row's units fill (0: no text)
+        self.step = -1  # the pattern step whose logits the last forward ends on
+
+    def before(self, n_positions: int = 1) -> None:
+        """A forward over n positions ends at the next step (a prefill or a recompute over n: at step n - 1)."""
+        self.step = max(self.step + 1, n_positions - 1)
+
+    def after(self, logits: Tensor) -> Tensor:
+        """logits [B, N_c, S, V] (B <= R) -> the end barred from codebook 0's last position before a row's
+        frames run out, and the only choice there once they ran out `linger` frames ago."""
+        rows = logits.shape[0]
+        frames = self.frames[:rows]
+        barred = (frames > 0) & (self.step < frames)
+        forced = (frames > 0) & (self.step >= frames + self.linger)
+        if self.end_id is None or not bool((barred | forced).any()):
+            return logits
+        logits = logits.clone()
+        logits[barred, 0, -1, self.end_id] = float("-inf")
+        last = logits[forced, 0, -1]
+        only_end = torch.arange(last.shape[-1], device=last.device) == self.end_id
+        logits[forced, 0, -1] = torch.where(only_end, last, float("-inf"))
+        return logits
+
+
 def frames_at(frames: Tensor, positions: Tensor) -> Tensor:
     """The stream frames [B, F, d] at model positions [S] -> [B, S, d] (zero at positions >= F)."""
     inside = positions < frames.shape[1]

@@ -12,7 +12,8 @@ position into a KV cache preallocated for the whole generation.
 
 A conditioned LM reads a text and a speaker (lm.conditioning) through cross-attention whose keys
 and values are computed once per sequence, with classifier-free guidance (lm.guidance), and stops
-each row where codebook 0 chooses the end-of-audio id (lm.end_of_audio), or at max_new_frames.
+each row where codebook 0 chooses the end-of-audio id (lm.end_of_audio), or at max_new_frames; an
+aligned-text LM chooses it once its text's frames have run out (lm.aligned_text.AlignedEnd).
 
 Past the trained context (W = `max_seq_len` positions), `sink=True` (the default) keeps bos in view
 as every training window does: a ring cache with a sink slot (RoPE, see lm.kv_cache), or a
@@ -32,6 +33,7 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
+from lm.aligned_text import AlignedEnd
 from lm.alignment import ReadingWindow, reads_in_order
 from lm.end_of_audio import EndTracker
 from lm.generate import DecodeRequest, ProgressBar, check_prompt
@@ -192,9 +194,10 @@ def decode(model, request: DecodeRequest) -> tuple[Tensor, Tensor]:
     choose = partial(request.sampling.sample, generator=request.generator)
     bar = ProgressBar(request.new_frames, request.progress, request.frame_rate)
     try:
-        reading = model.config.condition is not None and reads_in_order(model.config, options.monotonic)
-        decoder = GuidedDecoder(model, request.condition, request.sampling, plan.seq.shape[0],
-                                ReadingWindow if reading else None)
+        cond = model.config.condition
+        reading = cond is not None and reads_in_order(model.config, options.monotonic)
+        hook = ReadingWindow if reading else AlignedEnd if cond is not None and cond.alphabet else None
+        decoder = GuidedDecoder(model, request.condition, request.sampling, plan.seq.shape[0], hook)
         _decode(decoder, plan, choose, bar, options, request.on_frames)
     finally:
         bar.close()

@@ -250,6 +250,8 @@ class ConditionEncoder(nn.Module):
             if frame_units is None:  # generation: the predicted durations place the text
                 frame_units = frame_units_from_durations(self.frame_text.predict(states, inputs.text_len)).to(h.device)
             memory.frames = self.frame_text.frames(states, frame_units, inputs.text_len)
+            said = (frame_units >= 0) & (frame_units < inputs.text_len[:, None])
+            memory.frame_len = torch.where(inputs.text_len > 0, said.sum(1), 0)
         return memory
 
 

@@ -214,7 +214,7 @@ class CrossMemory:
     encoder's voice table, which the decoder adds to every input position (None: nothing added).
     text_len [B] long: the bytes of text each row reads after condition dropout (0: null text).
     frames [B, F, d]: an aligned-text LM's text stream (lm.aligned_text), added to the decoder input at
-    positions 0..F-1 (None: nothing added).
+    positions 0..F-1 (None: nothing added); frame_len [B]: how many of them hold a unit in each row.
     """
 
     states: Tensor
@@ -223,6 +223,7 @@ class CrossMemory:
     voice: Tensor | None = None
     text_len: Tensor | None = None
     frames: Tensor | None = None
+    frame_len: Tensor | None = None  # [B] long: the frames each row's aligned text fills (0: none)
 
     @property
     def batch_size(self) -> int:

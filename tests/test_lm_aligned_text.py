@@ -187,3 +187,18 @@ def test_an_aligned_lm_trains_and_generates_from_text(tmp_path):
     assert codes.shape[:2] == (1, 3)
     with pytest.raises(ValueError, match="never learned"):
         generate(model, None, 5, condition=Condition("ωω", model.config.condition.speakers[0]))
+
+
+def test_an_aligned_lm_ends_once_its_text_has_been_said():
+    """lm.aligned_text.AlignedEnd: no end before the units' frames run out, the end at most `linger` frames after
+    (cached and recomputed decoding alike); rows of guidance without a text are free."""
+    from lm.ar_decode import ARDecoding
+
+    model = aligned_model(seed=2)
+    durations = [2, 3, 3, 3, 3, 2]  # "ahoj": 16 frames
+    for cache in (True, False):
+        for seed in range(4):
+            _, lengths = generate(model, None, 60, sampling=SamplingOptions(seed=seed, cfg_scale=2.0),
+                                  condition=Condition("ahoj", "font_small", durations=durations),
+                                  options=ARDecoding(use_cache=cache), return_lengths=True)
+            assert 16 <= int(lengths[0]) <= 16 + 25, (cache, seed, lengths)
