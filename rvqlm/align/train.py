@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lm.text_units import TextUnitError, build_alphabet, normalize, unit_ids
+from lm.text_units import build_alphabet, normalize, unit_ids
 from rvqlm.align.ctc import BLANK, AlignerConfig, CTCAligner, greedy_decode
 from rvqlm.align.durations import feasible
 from rvqlm.align.features import SAMPLE_RATE, log_mel
