@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from codec.streaming_layers import elementwise
+
 F0_MIN, F0_MAX, F0_BINS = 50.0, 550.0, 256
 
 HOP = 320
@@ -62,8 +64,13 @@ class _CausalBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # x [B, C, T]
         h = self.norm(x.transpose(1, 2)).transpose(1, 2)
         h = F.pad(h, (self.kernel - 1, 0))
-        h = self.proj(F.gelu(self.conv(h)))
-        return x + h
+        return x + self.project(F.gelu(self.conv(h)))
+
+    def project(self, h: Tensor) -> Tensor:
+        """The 1x1 convolution as a matmul with frames by rows: a long signal's 1x1 Conv1d multiplies with
+        frames along columns, which BLAS rounds by how many there are, so a stream's few frames could not
+        follow it (codec.source_filter_parts.SourceFilterEncoderStream); rows of 16 and more round alike."""
+        return F.linear(h.transpose(1, 2), self.proj.weight[:, :, 0], self.proj.bias).transpose(1, 2)
 
 
 class SourceFilterNet(nn.Module):
@@ -91,8 +98,9 @@ class SourceFilterNet(nn.Module):
         """Start the aperiodicity head at the training mean of its target."""
         self.ap_head.bias.fill_(float(mean))
 
-    def features(self, wav: Tensor) -> Tensor:
-        """wav [B, 1, S] -> log-magnitude spectra [B, T, 513 + 257], T = ceil(S / 320)."""
+    def features(self, wav: Tensor, exact: bool = False) -> Tensor:
+        """wav [B, 1, S] -> log-magnitude spectra [B, T, 513 + 257], T = ceil(S / 320). `exact`: every value
+        through the SIMD loop, as a long signal's (codec.streaming_layers.elementwise; a stream's few frames)."""
         x = wav.reshape(wav.shape[0], -1)
         s = x.shape[-1]
         t = -(-s // HOP)
@@ -102,7 +110,8 @@ class SourceFilterNet(nn.Module):
         short = torch.stft(x[:, LEFT_PAD - SHORT_FFT // 2:][:, : (t - 1) * HOP + SHORT_FFT], SHORT_FFT,
                            hop_length=HOP, window=self.short_window.to(x.dtype), center=False,
                            return_complex=True)  # [B, 257, T]: samples [t*320 - 256, t*320 + 256)
-        return torch.log(torch.cat([long, short], 1).abs() + 1e-4).transpose(1, 2)
+        spectra = torch.cat([long, short], 1)
+        return elementwise(lambda s: torch.log(s.abs() + 1e-4), spectra, exact).transpose(1, 2)
 
     def forward(self, wav: Tensor) -> tuple[Tensor, Tensor]:
         h = self.inp(self.features(wav)).transpose(1, 2)  # [B, width, T]

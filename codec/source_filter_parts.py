@@ -20,18 +20,24 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from codec.config import positive_ints
 from codec.parts import register_part
-from codec.source_filter_net import F0_BINS, F0_MIN, SourceFilterNet, class_to_f0
-from codec.source_filter import MCEP_ORDER, SourceFilterSynth, SynthStream, cheaptrick, mcep_fit_matrix
+from codec.source_filter_net import F0_BINS, F0_MIN, HOP, LEFT_PAD, SourceFilterNet, class_to_f0
+from codec.source_filter import (ANALYSIS_HALF_WINDOW, MCEP_ORDER, SourceFilterSynth, SynthStream, cheaptrick,
+                                 mcep_fit_matrix)
+from codec.streaming_layers import ConvStep, elementwise, framewise, padding_frames
 
 PARAMS = MCEP_ORDER + 2  # mel-cepstrum and one aperiodicity band a frame
 LATENT_DIM = 1 + PARAMS  # pitch, then the parameters
 PITCH_UNITS = 4.0  # latent units per octave of F0
 UNVOICED_PITCH = -PITCH_UNITS  # an octave under F0_MIN
 AP_SCALE = 10.0  # the aperiodicity's dB are divided by this in the latent
+SPECTRA_CONTEXT = math.ceil(LEFT_PAD / HOP)  # frames of samples before a frame that its spectra read
+ENVELOPE_CONTEXT = math.ceil(ANALYSIS_HALF_WINDOW / HOP)  # likewise for CheapTrick's window
+GEMV_TAIL = 16  # rows of padding after a stream's frames in a one-column matmul
 
 
 def _check_frame_grid(codec, who: str) -> None:
@@ -45,6 +51,13 @@ def pitch_of_class(cls: torch.Tensor) -> torch.Tensor:
     """F0 classes (0 unvoiced, 1..F0_BINS) -> the latent's pitch channel."""
     f0 = class_to_f0(cls).clamp(min=F0_MIN)
     return torch.where(cls > 0, PITCH_UNITS * torch.log2(f0 / F0_MIN), torch.full_like(f0, UNVOICED_PITCH))
+
+
+def voiced_class(logits: torch.Tensor) -> torch.Tensor:
+    """F0 logits [B, T, 1 + F0_BINS] (frames by rows, as both the whole-signal pass and the stream hold
+    them) -> classes [B, T]: voiced where P(unvoiced) < 1/2, then the most likely class."""
+    voiced = logits[..., 0] < torch.logsumexp(logits[..., 1:], -1)
+    return torch.where(voiced, logits[..., 1:].argmax(-1) + 1, 0)
 
 
 def f0_of_pitch(pitch: torch.Tensor) -> torch.Tensor:
@@ -102,8 +115,7 @@ class SourceFilterEncoder(nn.Module):
 
     def forward(self, wav: torch.Tensor) -> torch.Tensor:
         logits, ap = self.net(wav)
-        voiced = logits[:, 0] < torch.logsumexp(logits[:, 1:], 1)  # P(unvoiced) < 1/2
-        cls = torch.where(voiced, logits[:, 1:].argmax(1) + 1, 0)  # [B, T]
+        cls = voiced_class(logits.transpose(1, 2))  # [B, T]
         f0 = class_to_f0(cls)
         log_power = torch.stack([cheaptrick(w[0], f) for w, f in zip(wav, f0)])  # [B, T, bins]
         mcep = (0.5 * log_power) @ self.mcep_fit.T  # [B, T, 25]
@@ -118,31 +130,79 @@ class SourceFilterEncoder(nn.Module):
 
 
 class SourceFilterEncoderStream:
-    """wav chunks [B, 1, n] -> the latent frames they complete, each computed from the samples its
-    `frame_span` covers (a whole-signal pass computes the same frames)."""
+    """wav chunks [B, 1, n] -> the latent frames [B, 27, m] they complete, each frame computed once, layer by
+    layer, with the arithmetic of the whole-signal pass.
 
-    def __init__(self, encoder: SourceFilterEncoder):
-        self.encoder = encoder
-        lo, _ = encoder.frame_span()
-        self.hop = 320
-        self.context = math.ceil(-lo / self.hop) * self.hop  # past samples kept, a whole number of frames
+    The stream keeps what each layer needs of the past (samples for the spectra and the envelope, each
+    block's convolution context: codec.streaming_layers.ConvStep) and computes only the new frames. A few
+    frames take other kernels than a whole file's many (BLAS multiplies fewer than 16 rows otherwise, an
+    elementwise op computes its last values in scalar code, a short convolution goes to im2col instead
+    of oneDNN), so every step here takes the long signal's (`framewise`, `elementwise`, ConvStep's
+    `exact`): the latents are `SourceFilterEncoder.forward`'s bit for bit (but in the last frames of a
+    whole file, which its own pass computes in its scalar tails), and so the codes are `Codec.encode`'s
+    for any chunking. Before (issue 49) each step ran the network on a window of a dozen frames, ~1e-6
+    off the whole file's latents, and a 3-minute file met a near-tie where one code differed."""
+
+    def __init__(self, encoder) -> None:
+        self.encoder, net = encoder, encoder.net
+        with torch.no_grad():
+            self.blocks = [(b.norm, ConvStep(b.conv.weight, b.conv.bias, pad_left=b.kernel - 1), b.project)
+                           for b in net.blocks]
         self.buffer: torch.Tensor | None = None
         self.offset = 0  # absolute index of buffer[..., 0]
         self.frames = 0  # frames returned
 
+    @torch.no_grad()
     def step(self, x: torch.Tensor) -> torch.Tensor:
         self.buffer = x if self.buffer is None else torch.cat([self.buffer, x], -1)
-        total = self.offset + self.buffer.shape[-1]
-        ready = total // self.hop - self.frames
+        ready = (self.offset + self.buffer.shape[-1]) // HOP - self.frames
         if ready <= 0:
             return x.new_zeros(x.shape[0], LATENT_DIM, 0)
-        start = max(0, self.frames * self.hop - self.context)
-        window = self.buffer[..., start - self.offset: (self.frames + ready) * self.hop - self.offset]
-        latent = self.encoder(window)[..., -ready:]
-        self.frames += ready
-        keep = max(0, self.frames * self.hop - self.context)
+        first, stop = self.frames, self.frames + ready
+        logits, ap = self._network(first, stop)  # [B, ready, 1 + F0_BINS], [B, ready, 1]
+        cls = framewise(lambda rows: voiced_class(rows)[..., None], logits)[..., 0]  # [B, ready]
+        mcep = self._envelope(first, stop, elementwise(class_to_f0, cls))  # [B, ready, 25]
+        params = torch.cat([mcep, ap], -1).transpose(1, 2) - self.encoder.param_mean[None, :, None]
+        self.frames = stop
+        keep = max(0, (stop - max(SPECTRA_CONTEXT, ENVELOPE_CONTEXT)) * HOP)
         self.buffer, self.offset = self.buffer[..., keep - self.offset:], keep
-        return latent
+        return torch.cat([elementwise(pitch_of_class, cls)[:, None], params], 1)
+
+    def _samples(self, start_frame: int, stop_frame: int) -> torch.Tensor:
+        return self.buffer[..., start_frame * HOP - self.offset: stop_frame * HOP - self.offset]
+
+    def _network(self, first: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """SourceFilterNet's outputs for frames first..stop - 1, frames by rows, each block's convolution
+        carrying its context from the frames before."""
+        net = self.encoder.net
+        start = max(0, first - SPECTRA_CONTEXT)
+        feats = net.features(self._samples(start, stop), exact=True)[:, first - start:]  # [B, n, 770], transposed
+        h = _by_columns(lambda x: net.inp(x.transpose(1, 2)).transpose(1, 2), feats.transpose(1, 2))  # [B, D, n]
+        for norm, conv, project in self.blocks:
+            y = framewise(norm, h.transpose(1, 2)).transpose(1, 2)
+            h = h + _by_columns(project, elementwise(F.gelu, conv.step(y)))
+        h = framewise(net.out_norm, h.transpose(1, 2))
+        # The one-column head is a matrix-vector product, which rounds its last rows (a tail of the row
+        # loop) otherwise: they are padding here.
+        ap = net.ap_head(F.pad(h, (0, 0, 0, GEMV_TAIL)))[:, : h.shape[1]]
+        return framewise(net.f0_head, h), ap
+
+    def _envelope(self, first: int, stop: int, f0: torch.Tensor) -> torch.Tensor:
+        """The mel-cepstrum [B, n, 25] of frames first..stop - 1 at F0 f0 [B, n]: CheapTrick on the samples
+        they reach, with one frame of zeros after them for the scalar tails of its elementwise ops."""
+        start = max(0, first - ENVELOPE_CONTEXT)
+        window = self._samples(start, stop)
+        before = first - start
+        power = torch.stack([cheaptrick(w[0], torch.cat([f.new_zeros(before), f, f.new_zeros(1)]))[before:-1]
+                             for w, f in zip(window, f0)])  # [B, n, bins]
+        return framewise(lambda rows: (0.5 * rows) @ self.encoder.mcep_fit.T, power)
+
+
+def _by_columns(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn of x [B, D, n] (frames along columns; fn multiplies each frame alone) with zero frames appended as
+    `framewise` does, the memory laid out as the whole-signal pass lays its [B, D, T] out -> [B, D', n]."""
+    b, d, n = x.shape
+    return fn(F.pad(x, (0, padding_frames(b, n, d))))[..., :n]
 
 
 # ----------------------------------------------------------------------------- decoder

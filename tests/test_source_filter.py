@@ -149,6 +149,37 @@ def test_a_source_filter_codec_encodes_decodes_any_k_and_streams(sf_codec, speec
     assert codec.streaming_decoder().latency_ms == 40.0  # the frame, then the next frame's look-ahead
 
 
+def test_a_long_file_streams_to_the_whole_file_latents_and_codes(sf_codec, speech_files):
+    """Issue 49: on a 3-minute file `reconstruct --stream` and `reconstruct` chose one code differently, as
+    the stream computed each frame in a window of a dozen frames, whose matmuls, convolutions and
+    elementwise tails round otherwise than the whole file's pass. The stream now computes each frame once,
+    layer by layer, with the whole file's kernels: latents bit for bit (but in the last frames, which the
+    whole-file pass computes in its scalar tails), codes equal, for any chunking."""
+    from codec.streaming import StreamingEncoder
+
+    codec = Codec.from_pretrained(sf_codec)
+    files = [f for split in ("test", "valid", "train") for f in speech_files[split]]
+    parts, total = [], 0
+    while total < 180 * SR:
+        parts.append(load_audio(files[len(parts)], SR, 1))
+        total += parts[-1].shape[-1]
+    wav = torch.cat(parts, -1)[None, :, : 180 * SR - 123]  # 3 minutes less a partial frame
+    with torch.no_grad():
+        offline = codec.encoder(codec.pad_to_hop(wav))
+    codes = codec.quantizer.encode(offline)
+    g = torch.Generator().manual_seed(0)
+    stream, latents, at = StreamingEncoder(codec).chain, [], 0
+    while at < wav.shape[-1]:
+        n = int(torch.randint(1, 400 if at < SR else 16000, (1,), generator=g))  # short chunks, then longer
+        latents.append(stream.step(wav[..., at: at + n]))
+        at += n
+    latents.append(stream.step(torch.zeros(1, 1, (-wav.shape[-1]) % HOP)))
+    streamed = torch.cat(latents, -1)
+    assert streamed.shape == offline.shape
+    assert torch.equal(streamed[..., :-4], offline[..., :-4])
+    assert torch.equal(codec.quantizer.encode(streamed), codes)
+
+
 def test_tokenize_gives_the_whole_file_codes(sf_codec, speech_files, tmp_path):
     src = tmp_path / "audio"
     src.mkdir()
