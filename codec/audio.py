@@ -133,11 +133,13 @@ def load_audio(
     max_seconds: float | None = None,
     offset_seconds: float = 0.0,
     duration_seconds: float | None = None,
+    level: FullScale | None = None,
 ) -> torch.Tensor:
     """Read a file (or a slice of it) to float32 `[channels, S]` at `sample_rate`.
 
     max_seconds: refuse (AudioError) files longer than this instead of loading them whole; use
-    `iter_audio_blocks` to stream long files.
+    `iter_audio_blocks` to stream long files. level: counts the file's own samples (before resampling,
+    which may overshoot full scale a little) for `FullScale.warning`.
     """
     info = audio_info(path)
     if max_seconds is not None and info.duration > max_seconds:
@@ -148,24 +150,23 @@ def load_audio(
     frames = -1 if duration_seconds is None else max(1, int(round(duration_seconds * info.sample_rate)))
     data = _read(path, start, frames, info.frames)
     wav = torch.from_numpy(np.ascontiguousarray(data.T))
+    if level is not None:
+        level.add(wav)
     return to_layout(wav, info.sample_rate, sample_rate, channels, path=path)
 
 
 class FullScale:
-    """The peak of audio `add`ed block by block ([C, n] each), how many of its samples go past full scale
-    (|x| > 1, which float files can hold) and how many frames it had."""
+    """The peak of a file's samples `add`ed block by block, and how many go past full scale (|x| > 1, which
+    float files can hold; `load_audio` and `iter_audio_blocks` add them, given one as `level`)."""
 
     def __init__(self) -> None:
-        self.peak, self.past, self.samples, self.frames = 0.0, 0, 0, 0
+        self.peak, self.past, self.samples = 0.0, 0, 0
 
-    def add(self, wav: torch.Tensor) -> torch.Tensor:
-        """Count `wav` in and return it (so a stream of blocks can pass through)."""
+    def add(self, wav: torch.Tensor) -> None:
         if wav.numel():
             self.peak = max(self.peak, float(wav.abs().max()))
             self.past += int((wav.abs() > 1.0).sum())
         self.samples += wav.numel()
-        self.frames += wav.shape[-1]
-        return wav
 
     def warning(self, path: str | os.PathLike) -> str | None:
         """One line when the audio went past full scale: audio is written within [-1, 1] (`save_audio`,
@@ -173,32 +174,29 @@ class FullScale:
         if not self.peak > 1.0:
             return None
         share = 100.0 * self.past / max(self.samples, 1)
-        return (f"{path} peaks at {self.peak:.2f}, past full scale (1.0) in {share:.1f} % of its samples: what is "
+        return (f"{path} peaks at {self.peak:.2f}, past full scale (1.0) in {share:.2g} % of its samples: what is "
                 f"made of it is written clipped to [-1, 1]; scale the file by {1 / self.peak:.3g} or less first")
 
 
-def full_scale_warning(wav: torch.Tensor, path: str | os.PathLike) -> str | None:
-    """`FullScale.warning` of one tensor [C, S] read from `path`."""
-    level = FullScale()
-    level.add(wav)
-    return level.warning(path)
-
-
 def iter_audio_blocks(
-    path: str | os.PathLike, sample_rate: int, channels: int = 1, block_seconds: float = 60.0
+    path: str | os.PathLike, sample_rate: int, channels: int = 1, block_seconds: float = 60.0,
+    level: FullScale | None = None,
 ) -> Iterator[torch.Tensor]:
     """Stream a file as consecutive `[channels, S_block]` blocks at `sample_rate`.
 
     Memory stays bounded by the block size whatever the file's length. Resampling is done per
     block with a polyphase filter whose edges are handled by carrying `pad` input samples of
     context across block boundaries, so the concatenated blocks equal (up to float rounding at
-    the block edges) resampling the whole file at once.
+    the block edges) resampling the whole file at once. level: counts the file's own samples
+    (`load_audio`'s).
     """
     info = audio_info(path)
+    count = level.add if level is not None else (lambda samples: None)
     if info.sample_rate == sample_rate:
         block = max(1, int(block_seconds * info.sample_rate))
         for start in range(0, info.frames, block):
             data = _read(path, start, min(block, info.frames - start), info.frames)
+            count(torch.from_numpy(data))
             yield to_layout(torch.from_numpy(np.ascontiguousarray(data.T)), sample_rate, sample_rate, channels, path=path)
         return
     # Resampling path: work in units of the rates' gcd so block boundaries map exactly.
@@ -212,6 +210,7 @@ def iter_audio_blocks(
         lo = max(0, start - pad_in)
         hi = min(info.frames, start + block_in + pad_in)
         data = _read(path, lo, hi - lo, info.frames)
+        count(torch.from_numpy(data[start - lo: start - lo + min(block_in, info.frames - start)]))
         wav = to_layout(torch.from_numpy(np.ascontiguousarray(data.T)), info.sample_rate, sample_rate, channels, path=path)
         skip = (start - lo) // unit_in * unit_out
         n_out = math.ceil(min(block_in, info.frames - start) * sample_rate / info.sample_rate)

@@ -19,6 +19,9 @@ ROWS = [
     ("output-deep-under-a-file", ["{w}/in.wav", "{w}/text.wav/a/out.wav"], 2, "text.wav is a file, not a folder", ()),
     ("missing-input", ["{w}/nope.wav", "{w}/out.wav"], 2, "no such file", ()),
     ("float-input-past-full-scale", ["{w}/loud.wav", "{w}/out.wav"], 0, "warning: {w}/loud.wav peaks at 8.00", ("out.wav",)),
+    ("float-input-past-full-scale-streamed", ["{w}/loud.wav", "{w}/out.wav", "--stream"], 0,
+     "warning: {w}/loud.wav peaks at 8.00", ("out.wav",)),
+    ("pcm-input-resampled-past-full-scale", ["{w}/full8k.wav", "{w}/out.wav"], 0, "", ("out.wav",)),
     ("not-audio", ["{w}/text.wav", "{w}/out.wav"], 2, "not a readable audio file", ()),
     ("empty-input", ["{w}/empty.wav", "{w}/out.wav"], 2, "empty file", ()),
     ("too-many-codebooks", ["{w}/in.wav", "{w}/out.wav", "--n-codebooks", "5"], 2, "--n-codebooks must be in 1..4", ()),
@@ -38,6 +41,7 @@ def workspace(tmp_path, codec_dir):
     shutil.copytree(codec_dir, tmp_path / "codec")
     write_wav(tmp_path / "in.wav")
     write_wav(tmp_path / "loud.wav", peak=8.0, subtype="FLOAT")
+    write_wav(tmp_path / "full8k.wav", rate=8000, peak=1.0)  # resampling to 16 kHz overshoots 1 a little
     (tmp_path / "sub").mkdir()
     (tmp_path / "text.wav").write_text("not audio\n")
     (tmp_path / "empty.wav").write_bytes(b"")

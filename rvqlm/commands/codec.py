@@ -120,20 +120,19 @@ def _load(args: argparse.Namespace):
 
 
 def _read_audio(path: str, codec, command: str):
-    from codec.audio import load_audio
+    from codec.audio import FullScale, load_audio
 
-    wav = load_audio(path, codec.sample_rate, codec.channels, max_seconds=MAX_SECONDS)
-    warn_full_scale(wav, path, command)
+    level = FullScale()
+    wav = load_audio(path, codec.sample_rate, codec.channels, max_seconds=MAX_SECONDS, level=level)
+    warn_full_scale(level, path, command)
     return wav
 
 
-def warn_full_scale(wav, path: str, command: str) -> None:
-    """`rvqlm COMMAND: warning: ...` on stderr for audio past full scale (codec.audio.full_scale_warning)."""
+def warn_full_scale(level, path: str, command: str) -> None:
+    """`rvqlm COMMAND: warning: ...` on stderr for a file past full scale (codec.audio.FullScale)."""
     import sys
 
-    from codec.audio import full_scale_warning
-
-    warning = full_scale_warning(wav, path)
+    warning = level.warning(path)
     if warning:
         sys.stderr.write(f"rvqlm {command}: warning: {warning}\n")
 
@@ -156,8 +155,6 @@ def _reconstruct(args: argparse.Namespace) -> int:
 def _reconstruct_streaming(args: argparse.Namespace, codec, n_q: int) -> float:
     """args.input through the streaming codec in chunks of --chunk-ms as live audio would come, read and
     written block by block (bounded memory, so no MAX_SECONDS); prints the compute per chunk -> seconds."""
-    import sys
-
     from codec.audio import FullScale, audio_info, audio_writer, iter_audio_blocks
     from codec.streaming import rechunk, stream_chunks
 
@@ -168,16 +165,21 @@ def _reconstruct_streaming(args: argparse.Namespace, codec, n_q: int) -> float:
                          f"got {args.chunk_ms}")
     chunk = round(args.chunk_ms * codec.sample_rate / 1000)
     audio_info(args.input)  # a missing or broken file is refused before the output is opened
-    level, times, written = FullScale(), [], 0
-    blocks = (level.add(b) for b in iter_audio_blocks(args.input, codec.sample_rate, codec.channels))
+    level, times, read, written = FullScale(), [], [0], 0
+
+    def counted(blocks):
+        for block in blocks:
+            read[0] += block.shape[-1]
+            yield block
+
+    blocks = counted(iter_audio_blocks(args.input, codec.sample_rate, codec.channels, level=level))
     with audio_writer(args.output, codec.sample_rate, codec.channels) as write:
         for audio, spent in stream_chunks(codec, rechunk(blocks, chunk), n_q=n_q):
-            audio = audio[0, :, : level.frames - written]  # the last frame is zero-padded past the input's end
+            audio = audio[0, :, : read[0] - written]  # the last frame is zero-padded past the input's end
             write(audio)
             written += audio.shape[-1]
             times.append(spent)
-    if level.warning(args.input):
-        sys.stderr.write(f"rvqlm {args.command}: warning: {level.warning(args.input)}\n")
+    warn_full_scale(level, args.input, args.command)
     _print_stream_times(codec, times, chunk, written / codec.sample_rate)
     return written / codec.sample_rate
 

@@ -212,7 +212,7 @@ def check_length(args: argparse.Namespace, lm_model, codec, prompt_frames: int, 
 
 def load_prompt_codes(path: str, codec, lm_model, prompt_seconds: float | None):
     """Read, trim to whole frames and encode the prompt -> codes [1, N_c of the LM, T0] (LongTensor)."""
-    from codec.audio import audio_info, load_audio
+    from codec.audio import FullScale, audio_info, load_audio
     from rvqlm.commands.codec import warn_full_scale
 
     cfg, hop, rate = lm_model.config, codec.hop_length, codec.frame_rate
@@ -223,8 +223,9 @@ def load_prompt_codes(path: str, codec, lm_model, prompt_seconds: float | None):
         raise ValueError(f"the prompt is {seconds:.2f} s ({frames} frames) but the LM's context holds at most "
                          f"{cfg.max_frames} frames ({cfg.max_frames / rate:.2f} s at {rate} frames/s); "
                          f"pass --prompt-seconds {math.floor(cfg.max_frames / rate * 100) / 100:g} or less")
-    wav = load_audio(path, codec.sample_rate, codec.channels, duration_seconds=seconds)
-    warn_full_scale(wav, path, "generate")
+    level = FullScale()
+    wav = load_audio(path, codec.sample_rate, codec.channels, duration_seconds=seconds, level=level)
+    warn_full_scale(level, path, "generate")
     whole = wav.shape[-1] // hop * hop  # no zero-padded last frame: every prompt frame is real signal
     if whole == 0:
         raise ValueError(f"{path}: the prompt is shorter than one codec frame ({1000 / rate:.0f} ms)")
