@@ -76,18 +76,49 @@ def load_hf_codec(path: str | Path, map_location: str | torch.device = "cpu") ->
                                 "writes it, e.g. from `huggingface-cli download kyutai/mimi --local-dir DIR`)")
     adapter = importlib.import_module(FAMILIES[model_type]).ADAPTER
     transformers = import_transformers()
+    check_weights_file(Path(path) / "model.safetensors")
     model_class = getattr(transformers, adapter.model_class)
     bars = transformers.utils.logging.is_progress_bar_enabled()
+    verbosity = transformers.utils.logging.get_verbosity()
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar in a command's output
+    transformers.utils.logging.set_verbosity_error()  # nor its load report: what it says is refused below
     try:
-        model = model_class.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+        model, info = model_class.from_pretrained(str(path), local_files_only=True, dtype=torch.float32,
+                                                  output_loading_info=True)
     except (OSError, ValueError, TypeError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{path}: transformers could not load this {model_type} folder: {first}") from None
     finally:
+        transformers.utils.logging.set_verbosity(verbosity)
         if bars:
             transformers.utils.logging.enable_progress_bar()
+    check_loading_info(path, info)
     return adapter(model, source=str(path)).to(map_location).eval()
+
+
+def check_weights_file(file: Path) -> None:
+    """ValueError in one line for a model.safetensors whose header cannot be read (cut short, not safetensors)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            f.keys()
+    except Exception as e:  # safetensors raises its own SafetensorError (and OSError) for a broken file
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{file} is not a readable safetensors file ({first}); the download may have been cut "
+                         "short: fetch the folder again") from None
+
+
+def check_loading_info(path: str | Path, info: dict[str, Any]) -> None:
+    """ValueError in one line when the weights file lacks tensors the model needs (transformers would start
+    them at random, and the codes would be random) or holds tensors it does not have (another model's)."""
+    for key, what in (("missing_keys", "is missing weights the model needs"),
+                      ("unexpected_keys", "holds weights the model does not have"),
+                      ("mismatched_keys", "holds weights of other shapes than the model's")):
+        names = sorted(str(k if isinstance(k, str) else k[0]) for k in info.get(key) or ())
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise ValueError(f"{path} {what} ({shown}): not the folder save_pretrained wrote; fetch it again")
 
 
 class HFCodec(nn.Module, ABC):

@@ -61,3 +61,52 @@ def workspace(tmp_path, models, capsys):
 def test_bad_input(workspace, capsys, argv, code, message, new):
     codec = [] if "--codec" in argv else ["--codec", "{w}/codec"]
     check_row(workspace, [*argv, *codec], code, message, capsys, new)
+
+
+# ---- Hugging Face codec folders (transformers, tiny random EnCodec written offline) ---------------------
+
+HF_ROWS = [
+    ("hf-missing-encoder-tensors", ["encode", "{w}/in.wav", "{w}/o.rvq", "--codec", "{w}/hf-missing"], 2,
+     "hf-missing is missing weights the model needs (", ()),
+    ("hf-unexpected-tensors", ["encode", "{w}/in.wav", "{w}/o.rvq", "--codec", "{w}/hf-extra"], 2,
+     "hf-extra holds weights the model does not have (extra.weight)", ()),
+    ("hf-truncated-weights", ["reconstruct", "{w}/in.wav", "{w}/o.wav", "--codec", "{w}/hf-cut"], 2,
+     "hf-cut/model.safetensors is not a readable safetensors file", ()),
+    ("hf-truncated-weights-tokenize", ["tokenize", "{w}/audio", "{w}/tokens", "--codec", "{w}/hf-cut", "--workers", "0",
+                                       "--device", "cpu", "--no-progress"], 2,
+     "hf-cut/model.safetensors is not a readable safetensors file", ()),
+]
+
+
+@pytest.fixture(scope="module")
+def hf_folders(tmp_path_factory):
+    """An EnCodec folder as save_pretrained writes it, and three broken copies: encoder tensors missing, an
+    unexpected tensor, model.safetensors cut in half."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    config = transformers.EncodecConfig(target_bandwidths=[1.5, 3.0, 6.0], hidden_size=16, num_filters=4,
+                                        num_lstm_layers=1)
+    transformers.EncodecModel(config).eval().save_pretrained(root / "hf")
+    weights = load_file(root / "hf" / "model.safetensors")
+    for name in ("hf-missing", "hf-extra", "hf-cut"):
+        shutil.copytree(root / "hf", root / name)
+    save_file({k: v for k, v in weights.items() if not k.startswith("encoder.")},
+              root / "hf-missing" / "model.safetensors", metadata={"format": "pt"})
+    save_file({**weights, "extra.weight": torch.zeros(3)}, root / "hf-extra" / "model.safetensors",
+              metadata={"format": "pt"})
+    data = (root / "hf" / "model.safetensors").read_bytes()
+    (root / "hf-cut" / "model.safetensors").write_bytes(data[: len(data) // 2])
+    return root
+
+
+@pytest.mark.parametrize("argv, code, message, new", [r[1:] for r in HF_ROWS], ids=[r[0] for r in HF_ROWS])
+def test_bad_hugging_face_folder(hf_folders, tmp_path, capsys, argv, code, message, new):
+    for name in ("hf-missing", "hf-extra", "hf-cut"):
+        shutil.copytree(hf_folders / name, tmp_path / name)
+    write_wav(tmp_path / "in.wav")
+    write_wav(tmp_path / "audio" / "a.wav", seconds=0.2)
+    check_row(tmp_path, argv, code, message, capsys, new)
