@@ -9,8 +9,7 @@
 #   MASKED_STEPS the masked LM (recipes/lm_masked_speech.yaml, from the shipped AR LM: 1000, the
 #                default; 0: none)
 #   COND_STEPS   the text- and speaker-conditioned LM (recipes/lm_speech_conditioned.yaml, from the shipped
-#                AR LM, on the corpus plus its espeak-ng voices, its texts placed on the frames by a CTC
-#                aligner trained here (`rvqlm train-aligner`, `rvqlm align`): 1200, the default; 0: none)
+#                AR LM, on the corpus plus its espeak-ng voices: 1200, the default; 0: none)
 # Training is reproducible up to float non-determinism across thread counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,8 +55,6 @@ if [ "$COND_STEPS" -gt 0 ]; then
   $RVQLM corpus prepare synthetic
   synth_tokens=data/tokens/fillets-synth-cs-16k-$fp
   $RVQLM tokenize data/fillets-synth-cs-16k "$synth_tokens" --codec models/codec-speech-16k
-  $RVQLM train-aligner data/fillets-synth-cs-16k runs/aligner --threads 2
-  $RVQLM align "$synth_tokens" --corpus data/fillets-synth-cs-16k --aligner runs/aligner --threads 2
   OMP_NUM_THREADS=2 $RVQLM train-lm --config recipes/lm_speech.yaml --config recipes/lm_speech_conditioned.yaml \
       --data.tokens_dir "$synth_tokens" --trainer.max_steps "$COND_STEPS" --model.total_steps "$COND_STEPS"
   rm -rf runs/shipped-conditioned-lm
