@@ -5,7 +5,6 @@ its target. Each change is drawn per crop from a generator the caller seeds.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,11 +74,3 @@ def telephone_band(wav: torch.Tensor, sample_rate: int) -> torch.Tensor:
     n = wav.shape[-1]
     out = AF.resample(AF.resample(wav, sample_rate, TELEPHONE_RATE), TELEPHONE_RATE, sample_rate)
     return torch.nn.functional.pad(out, (0, max(0, n - out.shape[-1])))[..., :n]
-
-
-def band_energy_above(wav: torch.Tensor, sample_rate: int, hz: float = 4000.0) -> float:
-    """Share of wav's [C, S] energy above `hz` (0..1): how much a decoder invents past a band."""
-    spec = torch.fft.rfft(wav, dim=-1).abs().pow(2).sum(0)
-    cut = int(math.ceil(hz / (sample_rate / 2) * (spec.numel() - 1)))
-    total = float(spec.sum())
-    return float(spec[cut:].sum()) / total if total > 0 else 0.0

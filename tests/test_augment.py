@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
-from codec.augment import Augmentation, band_energy_above, telephone_band
+from codec.augment import Augmentation, telephone_band
 from codec.data import CodecDataModule, RandomCropDataset
 
 SR = 16000
+
+
+def band_energy_above(wav: torch.Tensor, sample_rate: int, hz: float = 4000.0) -> float:
+    """Share of wav's [C, S] energy above `hz` (0..1)."""
+    spec = torch.fft.rfft(wav, dim=-1).abs().pow(2).sum(0)
+    cut = int(math.ceil(hz / (sample_rate / 2) * (spec.numel() - 1)))
+    total = float(spec.sum())
+    return float(spec[cut:].sum()) / total if total > 0 else 0.0
 
 
 def _speechlike(seconds: float = 1.0, seed: int = 0) -> torch.Tensor:

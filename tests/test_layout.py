@@ -218,18 +218,13 @@ def test_the_application_keeps_its_modules_in_rooms():
     assert stray_app_modules(REPO) == []
 
 
-def test_the_checks_find_what_they_look_for(tmp_path):
-    """A planted upward import, a planted circle (one of them lazy, one relative), a long function
-    and a module at rvqlm/'s top level are each reported: the checks above can fail."""
-
-
 def test_no_family_string_branch_outside_the_family_registry():
     assert family_branches(REPO) == []
 
 
 def test_the_checks_find_what_they_look_for(tmp_path):
-    """A planted upward import, a planted circle (one of them lazy, one relative), a long function and
-    family string branches are each reported: the checks above can fail."""
+    """A planted upward import, a planted circle (one of them lazy, one relative), a long function, a
+    module at rvqlm/'s top level and family string branches are each reported: the checks above can fail."""
     files = {
         "rvqlm_core/__init__.py": "",
         "codec/__init__.py": "",
@@ -257,3 +252,13 @@ def test_the_readme_stays_short():
     """A newcomer reads the README whole: at most 160 lines (details go to docs/ and the model cards)."""
     lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= 160, f"README.md has {lines} lines"
+
+
+def test_no_test_file_defines_a_test_twice():
+    """A second `def test_x` in one file replaces the first, which then never runs."""
+    doubled = []
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        names = [n.name for n in ast.parse(path.read_text(encoding="utf-8")).body
+                 if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+        doubled += [f"{path.name}: {name}" for name in sorted(set(names)) if names.count(name) > 1]
+    assert doubled == []

@@ -2,7 +2,7 @@
 
 Each test names the passage of `shared/seeds/000_*.txt` it checks and recomputes the definition
 independently (plain formulas, loops, one-hot products), then compares with rvqlm's code.
-Masked language modeling (the seed's last definition) is not tested: rvqlm has no masked model.
+Masked language modeling (the seed's last definition) is tested with the masked LM in tests/test_masked_lm.py.
 
 Models are tiny and run in float64 with weights drawn large enough (std 0.3) that a wrong order of
 operations or a leaking mask shows up far above rounding.
