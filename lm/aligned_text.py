@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
+from lm.end_of_audio import bar_or_force_end
 from lm.text_units import TextUnitError, units as _units
 
 MAX_OFFSET = 15  # offsets inside a unit's run are counted up to this many frames
@@ -121,14 +122,7 @@ class AlignedEnd:
         frames = self.frames[:rows]
         barred = (frames > 0) & (self.step < frames)
         forced = (frames > 0) & (self.step >= frames + self.linger)
-        if self.end_id is None or not bool((barred | forced).any()):
-            return logits
-        logits = logits.clone()
-        logits[barred, 0, -1, self.end_id] = float("-inf")
-        last = logits[forced, 0, -1]
-        only_end = torch.arange(last.shape[-1], device=last.device) == self.end_id
-        logits[forced, 0, -1] = torch.where(only_end, last, float("-inf"))
-        return logits
+        return bar_or_force_end(logits, barred, forced, self.end_id)
 
 
 def frames_at(frames: Tensor, positions: Tensor) -> Tensor:

@@ -26,6 +26,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from lm.end_of_audio import bar_or_force_end
+
 
 def guide_penalty(text_len: Tensor, seq_len: Tensor, n_positions: int, width: int, sigma: float) -> Tensor:
     """W [B, S, M] for texts of text_len [B] bytes and rows of seq_len [B] positions, over S =
@@ -174,11 +176,4 @@ class ReadingWindow:
             self.forced = self.at_end > self.linger
         rows = logits.shape[0]
         barred, forced = ~reached[:rows] & (self.text_len[:rows] > 0), self.forced[:rows]
-        if self.end_id is None or not bool((barred | forced).any()):
-            return logits
-        logits = logits.clone()
-        logits[barred, 0, -1, self.end_id] = float("-inf")
-        last = logits[forced, 0, -1]
-        only_end = torch.arange(last.shape[-1], device=last.device) == self.end_id
-        logits[forced, 0, -1] = torch.where(only_end, last, float("-inf"))
-        return logits
+        return bar_or_force_end(logits, barred, forced, self.end_id)

@@ -98,3 +98,16 @@ class EndTracker:
         codes = codes[..., :t]
         past = torch.arange(t, device=codes.device)[None, :] >= self.ends[:, None]
         return codes.masked_fill(past[:, None, :], 0)
+
+
+def bar_or_force_end(logits: Tensor, barred: Tensor, forced: Tensor, end_id: int | None) -> Tensor:
+    """logits [B, N_c, S, V] -> a copy where rows barred [B] cannot choose `end_id` at codebook 0's last
+    position and rows forced [B] can choose nothing else there (logits itself when neither applies)."""
+    if end_id is None or not bool((barred | forced).any()):
+        return logits
+    logits = logits.clone()
+    logits[barred, 0, -1, end_id] = float("-inf")
+    last = logits[forced, 0, -1]
+    only_end = torch.arange(last.shape[-1], device=last.device) == end_id
+    logits[forced, 0, -1] = torch.where(only_end, last, float("-inf"))
+    return logits
