@@ -22,17 +22,27 @@ def check_file_destination(dest: str | os.PathLike, *inputs: str | os.PathLike |
     if dest.is_dir():
         raise ValueError(f"{dest} is a folder; give the output a file name (e.g. {dest / 'NAME'})")
     check_folder_destination(dest.parent, what=dest)
-    for source in inputs:
-        if source is not None and _same_file(dest, Path(source)):
-            raise ValueError(f"refusing to write {dest}: it is the input file {source}, which it would replace; "
-                             "give the output another name")
+    refuse_inputs(dest, inputs)
     return dest
 
 
-def check_folder_destination(folder: str | os.PathLike, what: str | os.PathLike | None = None) -> Path:
+def refuse_inputs(dest: str | os.PathLike, inputs) -> None:
+    """ValueError in one line when `dest` is one of a command's `inputs` (None: not given) by any name: a
+    command never replaces what it reads."""
+    for source in inputs:
+        if source is not None and _same_file(Path(dest), Path(source)):
+            kind = "folder" if Path(source).is_dir() else "file"
+            raise ValueError(f"refusing to write {dest}: it is the input {kind} {source}, which it would replace; "
+                             "give the output another name")
+
+
+def check_folder_destination(folder: str | os.PathLike, what: str | os.PathLike | None = None,
+                             inputs=()) -> Path:
     """`folder` as a Path, or ValueError in one line naming the path when it cannot be made or written
     into: it, or the nearest of its parents that exists, is a file, or that one is not writable (its
-    permissions, a read-only mount). `what`: the path the message says cannot be written (default folder)."""
+    permissions, a read-only mount), or it is one of the command's `inputs` (`refuse_inputs`). `what`:
+    the path the message says cannot be written (default folder)."""
+    refuse_inputs(folder, inputs)
     folder = Path(folder)
     existing = folder
     while not existing.exists() and existing != existing.parent:

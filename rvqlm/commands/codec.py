@@ -101,6 +101,9 @@ def _train_source_filter(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from codec.training import export_checkpoint
+    from rvqlm_core.atomic import check_folder_destination
+
+    check_folder_destination(args.output, inputs=[args.checkpoint])  # never onto the codec it reads
 
     out = export_checkpoint(args.checkpoint, args.output, decoder_dtype=args.dtype)
     print(f"exported {args.checkpoint} -> {out}")

@@ -79,7 +79,9 @@ def _train(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from lm.trunk import load_lm
+    from rvqlm_core.atomic import check_folder_destination
 
+    check_folder_destination(args.output, inputs=[args.lm])  # before loading: never onto the LM it reads
     out = load_lm(args.lm).save_pretrained(args.output, dtype=args.dtype)
     print(f"exported {args.lm} -> {out} ({args.dtype})")
     return 0
@@ -88,8 +90,10 @@ def _export(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from lm.families import family_of
     from lm.trunk import load_lm
-    from rvqlm_core.atomic import atomic_write_json
+    from rvqlm_core.atomic import atomic_write_json, check_file_destination
 
+    if args.json_out:
+        check_file_destination(args.json_out)  # before the work
     model = load_lm(args.lm)
     family = family_of(model.config.family)
     given = {"unigram": args.unigram or None, "ratio": args.mask_ratio}
