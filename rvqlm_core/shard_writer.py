@@ -213,8 +213,7 @@ class ShardWriter:
 def check_token_folder(root: Path, meta: Mapping[str, Any]) -> bool:
     """Whether `root` is new (missing or empty: True) or a token folder of the codec `meta` describes
     (False); TokenShardError for anything else: a file, a folder of other things, another codec."""
-    if root.exists() and not root.is_dir():
-        raise TokenShardError(f"{root} exists and is not a folder")
+    refuse_foreign_folder(root)
     if (root / CODEC_JSON).exists():
         old = read_codec_json(root)
         if old["fingerprint"] != meta["fingerprint"] or old["n_codebooks"] != meta["n_codebooks"] \
@@ -225,9 +224,18 @@ def check_token_folder(root: Path, meta: Mapping[str, Any]) -> bool:
                 f"{meta['fingerprint'][:16]} (N_c={meta['n_codebooks']}, |V|={meta['codebook_size']}). "
                 "Tokens of two codecs must never mix: use a new output folder.")
         return False
-    if root.is_dir() and any(not is_temporary(p) and p.name != LOCK_FILE for p in root.iterdir()):
-        raise TokenShardError(f"{root} is not empty and is not a token folder; choose a new output folder")
     return True
+
+
+def refuse_foreign_folder(root: Path) -> None:
+    """TokenShardError for a `root` that is a file, or a folder of other things than a token folder's (no
+    codec.json, other files than temporaries and the writer lock): what a token folder's writer checks
+    before it takes the folder's lock, so a refused run leaves no lock file in someone's audio folder."""
+    if root.exists() and not root.is_dir():
+        raise TokenShardError(f"{root} exists and is not a folder")
+    if root.is_dir() and not (root / CODEC_JSON).exists() \
+            and any(not is_temporary(p) and p.name != LOCK_FILE for p in root.iterdir()):
+        raise TokenShardError(f"{root} is not empty and is not a token folder; choose a new output folder")
 
 
 def is_temporary(p: Path) -> bool:

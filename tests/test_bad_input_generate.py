@@ -23,6 +23,8 @@ ROWS = [
      "({w}/lm; its decoding options: --no-cache, --monotonic / --no-monotonic)", ()),
     ("window-on-the-ar-lm", ["--out", "{w}/o.wav", "--window", "8"], 2, "--window is not an option of the 'ar'", ()),
     ("missing-prompt", ["--prompt", "{w}/nope.wav", "--out", "{w}/o.wav"], 2, "no such file", ()),
+    ("prompt-not-audio", ["--prompt", "{w}/lm/config.json", "--out", "{w}/o.wav"], 2, "not a readable audio file", ()),
+    ("a-codec-folder-as-the-lm", ["--lm", "{w}/codec", "--out", "{w}/o.wav"], 2, "{w}/codec", ()),
     ("no-lm-folder", ["--lm", "{w}/nowhere", "--out", "{w}/o.wav"], 2, "no LM folder", ()),
     ("zero-seconds", ["--out", "{w}/o.wav", "--seconds", "0"], 2, "--seconds must be > 0", ()),
 ]

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from bad_input import _debug_off, check_row, make_codec, write_wav  # noqa: F401 (a fixture)
+from bad_input import _debug_off, check_row, make_codec, make_lm, write_wav  # noqa: F401 (a fixture)
 
 FLAGS = ["--codec", "{w}/codec", "--workers", "0", "--threads", "1", "--device", "cpu", "--no-progress"]
 ROWS = [
@@ -15,18 +15,24 @@ ROWS = [
     ("out-dir-is-a-file", ["{w}/audio", "{w}/file.txt"], 2, "file.txt is a file, not a folder", ()),
     ("out-dir-under-a-file", ["{w}/audio", "{w}/file.txt/tokens"], 2, "file.txt is a file, not a folder", ()),
     ("out-dir-deep-under-a-file", ["{w}/audio", "{w}/file.txt/a/tokens"], 2, "file.txt is a file, not a folder", ()),
+    ("out-dir-is-the-audio-dir", ["{w}/audio", "{w}/audio"], 2, "is not empty and is not a token folder", ()),
+    ("no-audio-folder", ["{w}/nowhere", "{w}/tokens"], 2, "no audio folder at", ()),
+    ("an-lm-folder-as-the-codec", ["{w}/audio", "{w}/tokens", "--codec", "{w}/lm"], 2, "does not describe an rvqlm codec", ()),
     ("no-codec-folder", ["{w}/audio", "{w}/tokens", "--codec", "{w}/nowhere"], 2, "no codec folder", ()),
 ]
 
 
 @pytest.fixture(scope="module")
-def codec_dir(tmp_path_factory):
-    return make_codec(tmp_path_factory.mktemp("models") / "codec")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    make_lm(root / "lm", make_codec(root / "codec"))
+    return root
 
 
 @pytest.fixture
-def workspace(tmp_path, codec_dir):
-    shutil.copytree(codec_dir, tmp_path / "codec")
+def workspace(tmp_path, models):
+    shutil.copytree(models / "codec", tmp_path / "codec")
+    shutil.copytree(models / "lm", tmp_path / "lm")
     write_wav(tmp_path / "audio" / "a.wav", seconds=0.3)
     (tmp_path / "file.txt").write_text("a file\n")
     return tmp_path

@@ -62,10 +62,14 @@ def run(args: argparse.Namespace) -> int:
     from codec.distributed_tokenize import Launch, tokenize
     from codec.loading import load_codec
     from codec.tokenize import TokenizeSettings
+    from pathlib import Path
+
     from rvqlm_core.atomic import check_folder_destination
+    from rvqlm_core.shard_writer import refuse_foreign_folder
     from rvqlm_core.token_shards import DEFAULT_SHARD_FRAMES
 
     check_folder_destination(args.out_dir)  # before loading anything
+    refuse_foreign_folder(Path(args.out_dir))  # and before the folder's lock leaves its file there
     launch = Launch.from_env()
     cores = max(1, (os.cpu_count() or 1) // launch.local_world)
     threads = args.threads if args.threads is not None else max(1, cores - max(args.workers, 0))
