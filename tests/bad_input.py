@@ -3,16 +3,20 @@ small audio, and the check every row makes (issue 49): the exit code, one line o
 traceback, and every file that existed before unchanged (sha256 before and after), with no file left
 behind but the ones the row expects.
 
-A table's rows are (id, argv with {placeholders}, exit code, a fragment of the stderr line, new files);
-`{placeholders}` name files of the row's workspace (`tmp_path`), built by the test file's fixtures.
+A table is text, a row a line (an indented line continues the one before), its cells split by " | ":
+an id, the command line as a shell would split it, `{w}` standing for the row's workspace (`tmp_path`,
+which the test file's fixtures fill), the exit code, a fragment of the one line on stderr (empty for
+none), and the files it leaves there new; lines starting with # are comments. `table` reads it into
+`Row`s.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import pytest
@@ -21,6 +25,39 @@ import torch
 from rvqlm.cli import main
 
 SEANET = dict(kind="seanet", channels=4, dilations=(1, 3))
+
+
+class Row(NamedTuple):
+    """One case of a table (module docstring)."""
+
+    id: str
+    argv: str
+    code: int
+    message: str
+    new: tuple[str, ...] = ()
+
+
+def table(text: str, **macros: str) -> list[Row]:
+    """The rows of a table (module docstring); `{name}` of each macro is replaced by its text first."""
+    for name, value in macros.items():
+        text = text.replace("{" + name + "}", value)
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith((" ", "\t")) and lines:
+            lines[-1] += " " + line.strip()
+        elif line.strip() and not line.startswith("#"):
+            lines.append(line.strip())
+    out = []
+    for line in lines:
+        cells = [c.strip() for c in line.split(" | ")]
+        row_id, argv, code, message = (cells + [""])[:4]
+        out.append(Row(row_id, argv, int(code), message, tuple(" ".join(cells[4:]).split())))
+    return out
+
+
+def rows(table: Sequence[Row]):
+    """pytest.mark.parametrize over a table's rows, each named by its id."""
+    return pytest.mark.parametrize("row", table, ids=[r.id for r in table])
 N_C, V = 4, 32
 
 
@@ -79,11 +116,12 @@ def run(argv: Sequence[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-def fill(argv: Sequence[str], where: Path) -> list[str]:
-    return [a.format(w=where) for a in argv]
+def fill(argv: str | Sequence[str], where: Path) -> list[str]:
+    """The command line (a string split as a shell would, or a list) with {w} replaced by `where`."""
+    return [a.format(w=where) for a in (shlex.split(argv) if isinstance(argv, str) else argv)]
 
 
-def check_row(root: Path, argv: Sequence[str], code: int, message: str, capsys,
+def check_row(root: Path, argv: str | Sequence[str], code: int, message: str, capsys,
               new: Sequence[str] = ()) -> str:
     """Run one row in `root` and check it (module docstring); returns its stderr line."""
     before = hashes(root)
@@ -114,8 +152,16 @@ def assert_unchanged(root: Path, before: dict[str, str], new: Sequence[str] = ()
 
 @pytest.fixture(autouse=True)
 def _debug_off(monkeypatch):
-    """The rows check what a user sees: never the RVQLM_DEBUG traceback."""
+    """The rows check what a user sees: never the RVQLM_DEBUG traceback. Nor does a row change the process
+    for later tests: torch's thread count is restored, and as a tokenize row would turn oneDNN's primitive
+    cache off for the rest of the session (rvqlm/commands/tokenize.py sets ONEDNN_PRIMITIVE_CACHE_CAPACITY=0
+    unless set, for its own process), making later convolutions many times slower, the variable is set
+    to oneDNN's default first."""
     monkeypatch.delenv("RVQLM_DEBUG", raising=False)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024"))
+    threads = torch.get_num_threads()  # a command may set its own (tokenize --threads)
+    yield
+    torch.set_num_threads(threads)
 
 
 def one_thread_env() -> dict[str, str]:

@@ -7,27 +7,23 @@ import shutil
 
 import pytest
 
-from bad_input import _debug_off, check_row, make_codec, write_wav  # noqa: F401 (a fixture)
+from bad_input import _debug_off, check_row, make_codec, rows, table, write_wav  # noqa: F401 (a fixture)
 
-ROWS = [
-    # id, argv, exit code, in the stderr line, files it writes
-    ("encode-output-is-the-input", ["encode", "{w}/in.wav", "{w}/in.wav"], 2, "is the input file", ()),
-    ("encode-output-is-a-folder", ["encode", "{w}/in.wav", "{w}/sub"], 2, "is a folder", ()),
-    ("encode-output-under-a-file", ["encode", "{w}/in.wav", "{w}/text.wav/a/o.rvq"], 2,
-     "text.wav is a file, not a folder", ()),
-    ("encode-float-input-past-full-scale", ["encode", "{w}/loud.wav", "{w}/out.rvq"], 0,
-     "warning: {w}/loud.wav peaks at 8.00", ("out.rvq",)),
-    ("encode-missing-input", ["encode", "{w}/nope.wav", "{w}/out.rvq"], 2, "no such file", ()),
-    ("encode-not-audio", ["encode", "{w}/text.wav", "{w}/out.rvq"], 2, "not a readable audio file", ()),
-    ("encode-too-many-codebooks", ["encode", "{w}/in.wav", "{w}/out.rvq", "--n-codebooks", "0"], 2,
-     "--n-codebooks must be in 1..4", ()),
-    ("decode-output-is-the-input", ["decode", "{w}/in.rvq", "{w}/in.rvq"], 2, "is the input file", ()),
-    ("decode-output-under-a-file", ["decode", "{w}/in.rvq", "{w}/in.wav/o.wav"], 2, "in.wav is a file, not a folder",
-     ()),
-    ("decode-not-rvq", ["decode", "{w}/in.wav", "{w}/out.wav"], 2, "not an .rvq file", ()),
-    ("decode-another-codecs-file", ["decode", "{w}/in.rvq", "{w}/out.wav", "--codec", "{w}/other"], 2,
-     "was made by codec", ()),
-]
+ROWS = table("""
+# id | command line ({w}: the workspace) | exit code | in the one line on stderr | files it leaves
+encode-output-is-the-input | encode {w}/in.wav {w}/in.wav | 2 | is the input file
+encode-output-is-a-folder | encode {w}/in.wav {w}/sub | 2 | is a folder
+encode-output-under-a-file | encode {w}/in.wav {w}/text.wav/a/o.rvq | 2 | text.wav is a file, not a folder
+encode-float-input-past-full-scale | encode {w}/loud.wav {w}/out.rvq | 0 | warning: {w}/loud.wav peaks at 8.00 |
+    out.rvq
+encode-missing-input | encode {w}/nope.wav {w}/out.rvq | 2 | no such file
+encode-not-audio | encode {w}/text.wav {w}/out.rvq | 2 | not a readable audio file
+encode-too-many-codebooks | encode {w}/in.wav {w}/out.rvq --n-codebooks 0 | 2 | --n-codebooks must be in 1..4
+decode-output-is-the-input | decode {w}/in.rvq {w}/in.rvq | 2 | is the input file
+decode-output-under-a-file | decode {w}/in.rvq {w}/in.wav/o.wav | 2 | in.wav is a file, not a folder
+decode-not-rvq | decode {w}/in.wav {w}/out.wav | 2 | not an .rvq file
+decode-another-codecs-file | decode {w}/in.rvq {w}/out.wav --codec {w}/other | 2 | was made by codec
+""")
 
 
 @pytest.fixture(scope="module")
@@ -57,25 +53,25 @@ def workspace(tmp_path, models, capsys):
     return tmp_path
 
 
-@pytest.mark.parametrize("argv, code, message, new", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_bad_input(workspace, capsys, argv, code, message, new):
-    codec = [] if "--codec" in argv else ["--codec", "{w}/codec"]
-    check_row(workspace, [*argv, *codec], code, message, capsys, new)
+@rows(ROWS)
+def test_bad_input(workspace, capsys, row):
+    codec = "" if "--codec" in row.argv else " --codec {w}/codec"
+    check_row(workspace, row.argv + codec, row.code, row.message, capsys, row.new)
 
 
 # ---- Hugging Face codec folders (transformers, tiny random EnCodec written offline) ---------------------
 
-HF_ROWS = [
-    ("hf-missing-encoder-tensors", ["encode", "{w}/in.wav", "{w}/o.rvq", "--codec", "{w}/hf-missing"], 2,
-     "hf-missing is missing weights the model needs (", ()),
-    ("hf-unexpected-tensors", ["encode", "{w}/in.wav", "{w}/o.rvq", "--codec", "{w}/hf-extra"], 2,
-     "hf-extra holds weights the model does not have (extra.weight)", ()),
-    ("hf-truncated-weights", ["reconstruct", "{w}/in.wav", "{w}/o.wav", "--codec", "{w}/hf-cut"], 2,
-     "hf-cut/model.safetensors is not a readable safetensors file", ()),
-    ("hf-truncated-weights-tokenize", ["tokenize", "{w}/audio", "{w}/tokens", "--codec", "{w}/hf-cut", "--workers", "0",
-                                       "--device", "cpu", "--no-progress"], 2,
-     "hf-cut/model.safetensors is not a readable safetensors file", ()),
-]
+HF_ROWS = table("""
+# id | command line ({w}: the workspace) | exit code | in the one line on stderr | files it leaves
+hf-missing-encoder-tensors | encode {w}/in.wav {w}/o.rvq --codec {w}/hf-missing | 2 | hf-missing is missing weights
+    the model needs (
+hf-unexpected-tensors | encode {w}/in.wav {w}/o.rvq --codec {w}/hf-extra | 2 | hf-extra holds weights the model does
+    not have (extra.weight)
+hf-truncated-weights | reconstruct {w}/in.wav {w}/o.wav --codec {w}/hf-cut | 2 | hf-cut/model.safetensors is not a
+    readable safetensors file
+hf-truncated-weights-tokenize | tokenize {w}/audio {w}/tokens --codec {w}/hf-cut --workers 0 --threads 1
+    --no-progress | 2 | hf-cut/model.safetensors is not a readable safetensors file
+""")
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +99,10 @@ def hf_folders(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("argv, code, message, new", [r[1:] for r in HF_ROWS], ids=[r[0] for r in HF_ROWS])
-def test_bad_hugging_face_folder(hf_folders, tmp_path, capsys, argv, code, message, new):
+@rows(HF_ROWS)
+def test_bad_hugging_face_folder(hf_folders, tmp_path, capsys, row):
     for name in ("hf-missing", "hf-extra", "hf-cut"):
         shutil.copytree(hf_folders / name, tmp_path / name)
     write_wav(tmp_path / "in.wav")
     write_wav(tmp_path / "audio" / "a.wav", seconds=0.2)
-    check_row(tmp_path, argv, code, message, capsys, new)
+    check_row(tmp_path, row.argv, row.code, row.message, capsys, row.new)

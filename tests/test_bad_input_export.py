@@ -8,27 +8,26 @@ import shutil
 
 import pytest
 
-from bad_input import _debug_off, check_row, make_codec, make_lm  # noqa: F401 (a fixture)
+from bad_input import _debug_off, check_row, make_codec, make_lm, rows, table  # noqa: F401 (a fixture)
 from test_lm_data import make_token_corpus
 
-ROWS = [
-    # id, argv, exit code, in the stderr line, files it writes
-    ("export-lm-onto-itself", ["export-lm", "{w}/lm", "{w}/lm", "--dtype", "float16"], 2,
-     "refusing to write {w}/lm: it is the input folder", ()),
-    ("export-lm-onto-itself-by-another-name", ["export-lm", "{w}/lm", "{w}/sub/../lm/"], 2, "is the input folder", ()),
-    ("export-lm-under-a-file", ["export-lm", "{w}/lm", "{w}/file.txt/lm"], 2, "file.txt is a file, not a folder", ()),
-    ("export-lm-into-a-foreign-folder", ["export-lm", "{w}/lm", "{w}/sub"], 2,
-     "refusing to replace {w}/sub: it holds files that are not a saved LM", ()),
-    ("export-lm-no-lm-folder", ["export-lm", "{w}/nowhere", "{w}/out"], 2, "no LM folder", ()),
-    ("export-codec-onto-itself", ["export-codec", "{w}/codec", "{w}/codec", "--dtype", "float16"], 2,
-     "refusing to write {w}/codec: it is the input folder", ()),
-    ("export-codec-under-a-file", ["export-codec", "{w}/codec", "{w}/file.txt/c"], 2,
-     "file.txt is a file, not a folder", ()),
-    ("eval-lm-no-token-folder", ["eval-lm", "--lm", "{w}/lm", "--tokens", "{w}/nowhere"], 2, "is not a token folder", ()),
-    ("eval-lm-another-codecs-tokens", ["eval-lm", "--lm", "{w}/lm", "--tokens", "{w}/tokens"], 2, "codec mismatch", ()),
-    ("eval-lm-json-under-a-file", ["eval-lm", "--lm", "{w}/lm", "--tokens", "{w}/tokens", "--json", "{w}/file.txt/r.json"],
-     2, "file.txt is a file, not a folder", ()),
-]
+ROWS = table("""
+# id | command line ({w}: the workspace) | exit code | in the one line on stderr | files it leaves
+export-lm-onto-itself | export-lm {w}/lm {w}/lm --dtype float16 | 2 | refusing to write {w}/lm: it is the input
+    folder
+export-lm-onto-itself-by-another-name | export-lm {w}/lm {w}/sub/../lm/ | 2 | is the input folder
+export-lm-under-a-file | export-lm {w}/lm {w}/file.txt/lm | 2 | file.txt is a file, not a folder
+export-lm-into-a-foreign-folder | export-lm {w}/lm {w}/sub | 2 | refusing to replace {w}/sub: it holds files that
+    are not a saved LM
+export-lm-no-lm-folder | export-lm {w}/nowhere {w}/out | 2 | no LM folder
+export-codec-onto-itself | export-codec {w}/codec {w}/codec --dtype float16 | 2 | refusing to write {w}/codec: it is
+    the input folder
+export-codec-under-a-file | export-codec {w}/codec {w}/file.txt/c | 2 | file.txt is a file, not a folder
+eval-lm-no-token-folder | eval-lm --lm {w}/lm --tokens {w}/nowhere | 2 | is not a token folder
+eval-lm-another-codecs-tokens | eval-lm --lm {w}/lm --tokens {w}/tokens | 2 | codec mismatch
+eval-lm-json-under-a-file | eval-lm --lm {w}/lm --tokens {w}/tokens --json {w}/file.txt/r.json | 2 | file.txt is a
+    file, not a folder
+""")
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +49,6 @@ def workspace(tmp_path, models):
     return tmp_path
 
 
-@pytest.mark.parametrize("argv, code, message, new", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_bad_input(workspace, capsys, argv, code, message, new):
-    check_row(workspace, argv, code, message, capsys, new)
+@rows(ROWS)
+def test_bad_input(workspace, capsys, row):
+    check_row(workspace, row.argv, row.code, row.message, capsys, row.new)

@@ -7,27 +7,27 @@ import shutil
 
 import pytest
 
-from bad_input import _debug_off, check_row, make_codec, make_lm, write_wav  # noqa: F401 (a fixture)
+from bad_input import (_debug_off, check_row, make_codec, make_lm, rows, table,  # noqa: F401 (a fixture)
+                       write_wav)
 
-ROWS = [
-    # id, argv, exit code, in the stderr line, files it writes
-    ("out-is-the-prompt", ["--prompt", "{w}/p.wav", "--out", "{w}/p.wav"], 2, "is the input file", ()),
-    ("out-full-is-the-prompt", ["--prompt", "{w}/p.full.wav", "--out", "{w}/p.wav"], 2, "is the input file", ()),
-    ("a-numbered-out-is-the-prompt", ["--prompt", "{w}/p-2.wav", "--out", "{w}/p.wav", "--num-samples", "2"], 2,
-     "is the input file", ()),
-    ("out-is-a-folder", ["--out", "{w}/sub"], 2, "is a folder", ()),
-    ("out-under-a-file", ["--out", "{w}/p.wav/a/o.wav"], 2, "p.wav is a file, not a folder", ()),
-    ("prompt-past-full-scale", ["--prompt", "{w}/loud.wav", "--out", "{w}/o.wav"], 0,
-     "warning: {w}/loud.wav peaks at 8.00", ("o.full.wav", "o.wav")),
-    ("steps-on-the-ar-lm", ["--out", "{w}/o.wav", "--steps", "4"], 2, "--steps is not an option of the 'ar' LM family "
-     "({w}/lm; its decoding options: --no-cache, --monotonic / --no-monotonic)", ()),
-    ("window-on-the-ar-lm", ["--out", "{w}/o.wav", "--window", "8"], 2, "--window is not an option of the 'ar'", ()),
-    ("missing-prompt", ["--prompt", "{w}/nope.wav", "--out", "{w}/o.wav"], 2, "no such file", ()),
-    ("prompt-not-audio", ["--prompt", "{w}/lm/config.json", "--out", "{w}/o.wav"], 2, "not a readable audio file", ()),
-    ("a-codec-folder-as-the-lm", ["--lm", "{w}/codec", "--out", "{w}/o.wav"], 2, "{w}/codec", ()),
-    ("no-lm-folder", ["--lm", "{w}/nowhere", "--out", "{w}/o.wav"], 2, "no LM folder", ()),
-    ("zero-seconds", ["--out", "{w}/o.wav", "--seconds", "0"], 2, "--seconds must be > 0", ()),
-]
+ROWS = table("""
+# id | command line ({w}: the workspace) | exit code | in the one line on stderr | files it leaves
+out-is-the-prompt | --prompt {w}/p.wav --out {w}/p.wav | 2 | is the input file
+out-full-is-the-prompt | --prompt {w}/p.full.wav --out {w}/p.wav | 2 | is the input file
+a-numbered-out-is-the-prompt | --prompt {w}/p-2.wav --out {w}/p.wav --num-samples 2 | 2 | is the input file
+out-is-a-folder | --out {w}/sub | 2 | is a folder
+out-under-a-file | --out {w}/p.wav/a/o.wav | 2 | p.wav is a file, not a folder
+prompt-past-full-scale | --prompt {w}/loud.wav --out {w}/o.wav | 0 | warning: {w}/loud.wav peaks at 8.00 |
+    o.full.wav o.wav
+steps-on-the-ar-lm | --out {w}/o.wav --steps 4 | 2 | --steps is not an option of the 'ar' LM family ({w}/lm; its
+    decoding options: --no-cache, --monotonic / --no-monotonic)
+window-on-the-ar-lm | --out {w}/o.wav --window 8 | 2 | --window is not an option of the 'ar'
+missing-prompt | --prompt {w}/nope.wav --out {w}/o.wav | 2 | no such file
+prompt-not-audio | --prompt {w}/lm/config.json --out {w}/o.wav | 2 | not a readable audio file
+a-codec-folder-as-the-lm | --lm {w}/codec --out {w}/o.wav | 2 | {w}/codec
+no-lm-folder | --lm {w}/nowhere --out {w}/o.wav | 2 | no LM folder
+zero-seconds | --out {w}/o.wav --seconds 0 | 2 | --seconds must be > 0
+""")
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +48,8 @@ def workspace(tmp_path, models):
     return tmp_path
 
 
-@pytest.mark.parametrize("argv, code, message, new", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_bad_input(workspace, capsys, argv, code, message, new):
-    lm = [] if "--lm" in argv else ["--lm", "{w}/lm"]
-    check_row(workspace, ["generate", *lm, "--codec", "{w}/codec", "--seconds", "0.1", "--no-progress", *argv],
-              code, message, capsys, new)
+@rows(ROWS)
+def test_bad_input(workspace, capsys, row):
+    lm = "" if "--lm" in row.argv else "--lm {w}/lm "
+    check_row(workspace, f"generate {lm}--codec {{w}}/codec --seconds 0.1 --no-progress {row.argv}", row.code,
+              row.message, capsys, row.new)

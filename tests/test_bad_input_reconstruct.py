@@ -8,27 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from bad_input import _debug_off, check_row, make_codec, write_wav  # noqa: F401 (a fixture)
+from bad_input import _debug_off, check_row, make_codec, rows, table, write_wav  # noqa: F401 (a fixture)
 
-ROWS = [
-    # id, argv, exit code, in the stderr line, files it writes
-    ("output-is-the-input", ["{w}/in.wav", "{w}/in.wav"], 2, "is the input file", ()),
-    ("output-is-the-input-by-another-name", ["{w}/in.wav", "{w}/sub/../in.wav"], 2, "is the input file", ()),
-    ("output-is-a-folder", ["{w}/in.wav", "{w}/sub"], 2, "is a folder", ()),
-    ("output-under-a-file", ["{w}/in.wav", "{w}/text.wav/out.wav"], 2, "text.wav is a file, not a folder", ()),
-    ("output-deep-under-a-file", ["{w}/in.wav", "{w}/text.wav/a/out.wav"], 2, "text.wav is a file, not a folder", ()),
-    ("missing-input", ["{w}/nope.wav", "{w}/out.wav"], 2, "no such file", ()),
-    ("float-input-past-full-scale", ["{w}/loud.wav", "{w}/out.wav"], 0, "warning: {w}/loud.wav peaks at 8.00", ("out.wav",)),
-    ("float-input-past-full-scale-streamed", ["{w}/loud.wav", "{w}/out.wav", "--stream"], 0,
-     "warning: {w}/loud.wav peaks at 8.00", ("out.wav",)),
-    ("pcm-input-resampled-past-full-scale", ["{w}/full8k.wav", "{w}/out.wav"], 0, "", ("out.wav",)),
-    ("not-audio", ["{w}/text.wav", "{w}/out.wav"], 2, "not a readable audio file", ()),
-    ("empty-input", ["{w}/empty.wav", "{w}/out.wav"], 2, "empty file", ()),
-    ("too-many-codebooks", ["{w}/in.wav", "{w}/out.wav", "--n-codebooks", "5"], 2, "--n-codebooks must be in 1..4", ()),
-    ("no-codec-folder", ["{w}/in.wav", "{w}/out.wav", "--codec", "{w}/nowhere"], 2, "no codec folder", ()),
-    ("chunk-shorter-than-a-sample", ["{w}/in.wav", "{w}/out.wav", "--stream", "--chunk-ms", "0"], 2,
-     "--chunk-ms must be at least one sample", ()),
-]
+ROWS = table("""
+# id | command line ({w}: the workspace) | exit code | in the one line on stderr | files it leaves
+output-is-the-input | {w}/in.wav {w}/in.wav | 2 | is the input file
+output-is-the-input-by-another-name | {w}/in.wav {w}/sub/../in.wav | 2 | is the input file
+output-is-a-folder | {w}/in.wav {w}/sub | 2 | is a folder
+output-under-a-file | {w}/in.wav {w}/text.wav/out.wav | 2 | text.wav is a file, not a folder
+output-deep-under-a-file | {w}/in.wav {w}/text.wav/a/out.wav | 2 | text.wav is a file, not a folder
+missing-input | {w}/nope.wav {w}/out.wav | 2 | no such file
+float-input-past-full-scale | {w}/loud.wav {w}/out.wav | 0 | warning: {w}/loud.wav peaks at 8.00 | out.wav
+float-input-past-full-scale-streamed | {w}/loud.wav {w}/out.wav --stream | 0 | warning: {w}/loud.wav peaks at 8.00 |
+    out.wav
+pcm-input-resampled-past-full-scale | {w}/full8k.wav {w}/out.wav | 0 |  | out.wav
+not-audio | {w}/text.wav {w}/out.wav | 2 | not a readable audio file
+empty-input | {w}/empty.wav {w}/out.wav | 2 | empty file
+too-many-codebooks | {w}/in.wav {w}/out.wav --n-codebooks 5 | 2 | --n-codebooks must be in 1..4
+no-codec-folder | {w}/in.wav {w}/out.wav --codec {w}/nowhere | 2 | no codec folder
+chunk-shorter-than-a-sample | {w}/in.wav {w}/out.wav --stream --chunk-ms 0 | 2 | --chunk-ms must be at least one
+    sample
+""")
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +48,10 @@ def workspace(tmp_path, codec_dir):
     return tmp_path
 
 
-@pytest.mark.parametrize("argv, code, message, new", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_bad_input(workspace, capsys, argv, code, message, new):
-    codec = [] if "--codec" in argv else ["--codec", "{w}/codec"]
-    check_row(workspace, ["reconstruct", *argv, *codec], code, message, capsys, new)
+@rows(ROWS)
+def test_bad_input(workspace, capsys, row):
+    codec = "" if "--codec" in row.argv else " --codec {w}/codec"
+    check_row(workspace, f"reconstruct {row.argv}{codec}", row.code, row.message, capsys, row.new)
 
 
 def test_an_unwritable_folder_is_named_in_one_line(workspace, capsys, monkeypatch):

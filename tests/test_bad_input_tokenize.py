@@ -7,19 +7,20 @@ import shutil
 
 import pytest
 
-from bad_input import _debug_off, check_row, make_codec, make_lm, write_wav  # noqa: F401 (a fixture)
+from bad_input import (_debug_off, check_row, make_codec, make_lm, rows, table,  # noqa: F401 (a fixture)
+                       write_wav)
 
-FLAGS = ["--codec", "{w}/codec", "--workers", "0", "--threads", "1", "--device", "cpu", "--no-progress"]
-ROWS = [
-    # id, argv, exit code, in the stderr line, files it writes
-    ("out-dir-is-a-file", ["{w}/audio", "{w}/file.txt"], 2, "file.txt is a file, not a folder", ()),
-    ("out-dir-under-a-file", ["{w}/audio", "{w}/file.txt/tokens"], 2, "file.txt is a file, not a folder", ()),
-    ("out-dir-deep-under-a-file", ["{w}/audio", "{w}/file.txt/a/tokens"], 2, "file.txt is a file, not a folder", ()),
-    ("out-dir-is-the-audio-dir", ["{w}/audio", "{w}/audio"], 2, "is not empty and is not a token folder", ()),
-    ("no-audio-folder", ["{w}/nowhere", "{w}/tokens"], 2, "no audio folder at", ()),
-    ("an-lm-folder-as-the-codec", ["{w}/audio", "{w}/tokens", "--codec", "{w}/lm"], 2, "does not describe an rvqlm codec", ()),
-    ("no-codec-folder", ["{w}/audio", "{w}/tokens", "--codec", "{w}/nowhere"], 2, "no codec folder", ()),
-]
+FLAGS = "--workers 0 --threads 1 --device cpu --no-progress"
+ROWS = table("""
+# id | command line ({w}: the workspace) | exit code | in the one line on stderr | files it leaves
+out-dir-is-a-file | {w}/audio {w}/file.txt | 2 | file.txt is a file, not a folder
+out-dir-under-a-file | {w}/audio {w}/file.txt/tokens | 2 | file.txt is a file, not a folder
+out-dir-deep-under-a-file | {w}/audio {w}/file.txt/a/tokens | 2 | file.txt is a file, not a folder
+out-dir-is-the-audio-dir | {w}/audio {w}/audio | 2 | is not empty and is not a token folder
+no-audio-folder | {w}/nowhere {w}/tokens | 2 | no audio folder at
+an-lm-folder-as-the-codec | {w}/audio {w}/tokens --codec {w}/lm | 2 | does not describe an rvqlm codec
+no-codec-folder | {w}/audio {w}/tokens --codec {w}/nowhere | 2 | no codec folder
+""")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def workspace(tmp_path, models):
     return tmp_path
 
 
-@pytest.mark.parametrize("argv, code, message, new", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_bad_input(workspace, capsys, argv, code, message, new):
-    flags = FLAGS if "--codec" not in argv else FLAGS[2:]
-    check_row(workspace, ["tokenize", *argv, *flags], code, message, capsys, new)
+@rows(ROWS)
+def test_bad_input(workspace, capsys, row):
+    codec = "" if "--codec" in row.argv else " --codec {w}/codec"
+    check_row(workspace, f"tokenize {row.argv}{codec} {FLAGS}", row.code, row.message, capsys, row.new)

@@ -4,37 +4,34 @@ run the command in a subprocess of their own."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 
 import pytest
 
-from bad_input import _debug_off, check_row, write_wav  # noqa: F401 (a fixture)
+from bad_input import _debug_off, check_row, fill, rows, table, write_wav  # noqa: F401 (a fixture)
 from test_lm_data import make_token_corpus
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["train-lm", "--config", str(REPO / "recipes" / "lm_tiny.yaml"), "--trainer.max_steps", "2",
-        "--trainer.val_check_interval", "2", "--data.tokens_dir", "{w}/tokens"]
+RECIPES = shlex.quote(str(REPO / "recipes"))
+TINY = (f"train-lm --config {RECIPES}/lm_tiny.yaml --trainer.max_steps 2 --trainer.val_check_interval 2 "
+        "--data.tokens_dir {w}/tokens")
 
-ROWS = [
-    # id, argv, exit code, in the stderr line, files it writes
-    ("into-a-finished-run", [*TINY, "--trainer.default_root_dir", "{w}/done"], 2,
-     "holds the run of an earlier train-lm", ()),
-    ("misspelt-option", [*TINY, "--data.batchsize", "3"], 2,
-     "unrecognized arguments: --data.batchsize 3; see rvqlm train-lm --help", ()),
-    ("option-of-the-wrong-type", [*TINY, "--trainer.max_steps", "many"], 2,
-     "many; see rvqlm train-lm --help", ()),
-    ("missing-recipe", ["train-lm", "--config", "{w}/nope.yaml"], 2, "nope.yaml", ()),
-    ("train-codec-misspelt-option", ["train-codec", "--config", str(REPO / "recipes" / "codec_speech.yaml"), "--data.batchsize",
-                                     "3"], 2, "unrecognized arguments: --data.batchsize 3; see rvqlm train-codec --help",
-     ()),
-    ("ckpt-path-is-audio", [*TINY, "--trainer.default_root_dir", "{w}/run", "--ckpt_path", "{w}/in.wav"], 2,
-     "in.wav is not a checkpoint", ()),
-    ("ckpt-path-is-empty", [*TINY, "--trainer.default_root_dir", "{w}/run", "--ckpt_path", "{w}/empty.ckpt"], 2,
-     "empty.ckpt is not a checkpoint", ()),
-    ("ckpt-path-is-missing", [*TINY, "--trainer.default_root_dir", "{w}/run", "--ckpt_path", "{w}/nope.ckpt"], 2,
-     "no such checkpoint file", ()),
-]
+ROWS = table("""
+# id | command line ({w}: the workspace; {run}: --trainer.default_root_dir {w}/run) | exit code |
+#     in the one line on stderr | files it leaves
+into-a-finished-run | {tiny} --trainer.default_root_dir {w}/done | 2 | holds the run of an earlier train-lm
+misspelt-option | {tiny} --data.batchsize 3 | 2 |
+    unrecognized arguments: --data.batchsize 3; see rvqlm train-lm --help
+option-of-the-wrong-type | {tiny} --trainer.max_steps many | 2 | many; see rvqlm train-lm --help
+missing-recipe | train-lm --config {w}/nope.yaml | 2 | nope.yaml
+train-codec-misspelt-option | train-codec --config {recipes}/codec_speech.yaml --data.batchsize 3 | 2 |
+    unrecognized arguments: --data.batchsize 3; see rvqlm train-codec --help
+ckpt-path-is-audio | {tiny} {run} --ckpt_path {w}/in.wav | 2 | in.wav is not a checkpoint
+ckpt-path-is-empty | {tiny} {run} --ckpt_path {w}/empty.ckpt | 2 | empty.ckpt is not a checkpoint
+ckpt-path-is-missing | {tiny} {run} --ckpt_path {w}/nope.ckpt | 2 | no such checkpoint file
+""", tiny=TINY, recipes=RECIPES, run="--trainer.default_root_dir {w}/run")
 
 
 @pytest.fixture(scope="module")
@@ -57,16 +54,16 @@ def workspace(tmp_path, models):
     return tmp_path
 
 
-@pytest.mark.parametrize("argv, code, message, new", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_bad_input(workspace, capsys, argv, code, message, new):
-    check_row(workspace, argv, code, message, capsys, new)
+@rows(ROWS)
+def test_bad_input(workspace, capsys, row):
+    check_row(workspace, row.argv, row.code, row.message, capsys, row.new)
 
 
 def test_a_finished_run_is_resumed_with_ckpt_path_last_or_started_over_with_overwrite(workspace, capsys):
     from rvqlm.cli import main
 
     run = workspace / "run"
-    args = [*[a.format(w=workspace) for a in TINY], "--trainer.default_root_dir", str(run)]
+    args = [*fill(TINY, workspace), "--trainer.default_root_dir", str(run)]
     assert main(args) == 0 and (run / "checkpoints" / "last.ckpt").is_file()
     first = (run / "pretrained" / "model.safetensors").read_bytes()
     (run / "checkpoints" / ".last.ckpt.tmp-k9x2mq.ckpt").write_bytes(b"")  # what kill -9 mid-write leaves
@@ -90,7 +87,7 @@ def test_sigterm_exits_143_and_keeps_the_last_checkpoint(workspace):
     from bad_input import one_thread_env
 
     run = workspace / "run"
-    args = [a.format(w=workspace) for a in TINY[1:]]
+    args = fill(TINY, workspace)[1:]
     rvqlm = Path(sys.executable).with_name("rvqlm")
     proc = subprocess.Popen([str(rvqlm), "train-lm", *args, "--trainer.max_steps", "100000",
                              "--trainer.default_root_dir", str(run)], env=one_thread_env(),
@@ -117,5 +114,5 @@ def test_a_run_refused_by_the_folder_lock_leaves_no_trace(workspace, capsys):
 
     run = workspace / "run"
     with folder_lock(run):
-        check_row(workspace, [*TINY, "--trainer.default_root_dir", str(run)], 2,
+        check_row(workspace, [*fill(TINY, workspace), "--trainer.default_root_dir", str(run)], 2,
                   f"{run} is being written by another run (pid {os.getpid()}", capsys)
