@@ -64,12 +64,12 @@ class MaskedLMTrainingModule(LMTrainingModule):
                  adam_eps: float = 1e-8, weight_decay: float = 0.1, warmup_steps: int = 100,
                  min_lr_ratio: float = 0.1, total_steps: int | None = None, measure_peak: bool = True,
                  export: bool = True, init_from: str | None = None, speakers: list[str] | None = None,
-                 fresh_lr_scale: float = 1.0, prefix_prob: float = 1.0, mask_seed: int = 0):
+                 fresh_lr_scale: float = 1.0, prefix_prob: float = 1.0, mask_seed: int = 0, alphabet: str | None = None):
         if not 0.0 <= prefix_prob <= 1.0:
             raise ValueError(f"prefix_prob must be in [0, 1], got {prefix_prob}")
         super().__init__(config, n_codebooks, codebook_size, codec_fingerprint, lr, betas, adam_eps, weight_decay,
                          warmup_steps, min_lr_ratio, total_steps, measure_peak, export, init_from, speakers,
-                         fresh_lr_scale)
+                         fresh_lr_scale, alphabet)
         if not isinstance(self.model, MaskedLM):
             raise ValueError(f"this config is of the {config.family!r} LM family, not 'masked': train it with its own "
                              "family's module (rvqlm train-lm reads the family from the recipe)")
