@@ -10,7 +10,8 @@
 #                default; 0: none)
 #   COND_STEPS   the text- and speaker-conditioned LM (recipes/lm_speech_conditioned.yaml, from the shipped
 #                AR LM, on the corpus plus its espeak-ng voices: 1200, the default; 0: none)
-# Training is reproducible up to float non-determinism across thread counts.
+# Training is reproducible up to float non-determinism across thread counts. A rerun starts each run folder
+# over (--overwrite true): the script's runs are its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LM_STEPS=${LM_STEPS:-700}
@@ -30,11 +31,11 @@ cp runs/codec-source-filter/pretrained/config.json runs/codec-source-filter/pret
 fp=$(.venv/bin/python -c "from codec import Codec; print(Codec.from_pretrained('models/codec-speech-16k').token_fingerprint()[:12])")
 tokens=data/tokens/fillets-cs-16k-$fp
 $RVQLM tokenize data/fillets-cs-16k "$tokens" --codec models/codec-speech-16k
-$RVQLM train-lm --config recipes/lm_speech.yaml --data.tokens_dir "$tokens" --trainer.max_steps "$LM_STEPS" \
+$RVQLM train-lm --config recipes/lm_speech.yaml --overwrite true --data.tokens_dir "$tokens" --trainer.max_steps "$LM_STEPS" \
     --model.total_steps "$LM_STEPS"
 lm=runs/lm_speech/pretrained
 if [ "$LM_STEPS2" -gt 0 ]; then
-  $RVQLM train-lm --config recipes/lm_speech.yaml --config recipes/shipped/lm_speech_stage2.yaml --data.tokens_dir "$tokens" \
+  $RVQLM train-lm --config recipes/lm_speech.yaml --config recipes/shipped/lm_speech_stage2.yaml --overwrite true --data.tokens_dir "$tokens" \
       --model.init_from "$lm" --trainer.max_steps "$LM_STEPS2" --model.total_steps "$LM_STEPS2"
   lm=runs/lm_speech_stage2/pretrained
 fi
@@ -43,7 +44,7 @@ $RVQLM export-lm "$lm" runs/shipped-lm --dtype float16
 cp runs/shipped-lm/config.json runs/shipped-lm/model.safetensors models/lm-speech-16k/
 $RVQLM eval-lm --lm models/lm-speech-16k --tokens "$tokens" --split valid --unigram
 if [ "$MASKED_STEPS" -gt 0 ]; then
-  $RVQLM train-lm --config recipes/lm_masked_speech.yaml --data.tokens_dir "$tokens" \
+  $RVQLM train-lm --config recipes/lm_masked_speech.yaml --overwrite true --data.tokens_dir "$tokens" \
       --trainer.max_steps "$MASKED_STEPS" --model.total_steps "$MASKED_STEPS"
   rm -rf runs/shipped-masked-lm
   $RVQLM export-lm runs/lm_masked_speech/pretrained runs/shipped-masked-lm --dtype float16
@@ -55,7 +56,7 @@ if [ "$COND_STEPS" -gt 0 ]; then
   $RVQLM corpus prepare synthetic
   synth_tokens=data/tokens/fillets-synth-cs-16k-$fp
   $RVQLM tokenize data/fillets-synth-cs-16k "$synth_tokens" --codec models/codec-speech-16k
-  OMP_NUM_THREADS=2 $RVQLM train-lm --config recipes/lm_speech.yaml --config recipes/lm_speech_conditioned.yaml \
+  OMP_NUM_THREADS=2 $RVQLM train-lm --config recipes/lm_speech.yaml --config recipes/lm_speech_conditioned.yaml --overwrite true \
       --data.tokens_dir "$synth_tokens" --trainer.max_steps "$COND_STEPS" --model.total_steps "$COND_STEPS"
   rm -rf runs/shipped-conditioned-lm
   $RVQLM export-lm runs/lm_speech_conditioned/pretrained runs/shipped-conditioned-lm --dtype float16
