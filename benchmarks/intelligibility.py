@@ -33,6 +33,7 @@ the first 4 clips of each row as wav.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -194,15 +195,18 @@ def make_clip(row: str, line: Line, codec, models: dict, args) -> Clip:
 ORACLE = ":oracle"  # an LM row given each line's true durations (--oracle-alignments)
 
 
+@functools.lru_cache(maxsize=2)
+def read_alignments(path: str) -> dict[str, dict]:
+    """An alignments.jsonl (`rvqlm align`) by its lines' paths, read once."""
+    return {r["path"]: r for r in (json.loads(s) for s in Path(path).read_text(encoding="utf-8").splitlines() if s)}
+
+
 def oracle_durations(args, line: Line) -> list[int]:
     """The line's unit durations in --oracle-alignments (an alignments.jsonl keyed by SPLIT/FILE), checked
     against its text's units."""
     from lm.aligned_text import text_units
 
-    if not hasattr(args, "_oracle"):
-        rows = [json.loads(s) for s in Path(args.oracle_alignments).read_text(encoding="utf-8").splitlines() if s]
-        args._oracle = {r["path"]: r for r in rows}
-    row = args._oracle.get(f"{args.split}/{line.file}")
+    row = read_alignments(args.oracle_alignments).get(f"{args.split}/{line.file}")
     if row is None or row["units"] != text_units(line.text):
         raise ValueError(f"{args.oracle_alignments}: no alignment of {args.split}/{line.file} for its text's units")
     return row["durations"]

@@ -26,6 +26,7 @@ from lm.text_units import build_alphabet, normalize, unit_ids
 from rvqlm.align.ctc import BLANK, AlignerConfig, CTCAligner, greedy_decode
 from rvqlm.align.durations import feasible
 from rvqlm.align.features import SAMPLE_RATE, log_mel
+from rvqlm.quality.asr import levenshtein
 
 METADATA = "metadata.jsonl"
 
@@ -119,15 +120,6 @@ def ctc_loss(model: CTCAligner, batch: list[Example]) -> torch.Tensor:
                       reduction="mean", zero_infinity=True)
 
 
-def edit_distance(a: str, b: str) -> int:
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
-    return row[-1]
-
-
 @torch.no_grad()
 def evaluate(model: CTCAligner, examples: list[Example], batch_size: int = 16) -> tuple[float, float]:
     """(CTC loss per unit, pooled greedy CER) of `examples`."""
@@ -143,7 +135,7 @@ def evaluate(model: CTCAligner, examples: list[Example], batch_size: int = 16) -
                                        reduction="mean", zero_infinity=True)) * len(batch))
         for b, e in enumerate(batch):
             ref = "".join(alphabet[t] for t in e.targets)
-            errors += edit_distance(greedy_decode(log_probs[b, :len(e.feats)], alphabet), ref)
+            errors += levenshtein(greedy_decode(log_probs[b, :len(e.feats)], alphabet), ref)
             chars += len(ref)
     model.train(was_training)
     return sum(losses) / max(1, len(examples)), errors / max(1, chars)
