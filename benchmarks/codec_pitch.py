@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
     from rvqlm.quality.metrics import align, estimate_lag, pitch_agreement, pitch_track, pool_pitch
     from rvqlm.quality.roundtrips import SAMPLE_RATE, codec2_roundtrip, mono_codec_and_files, opus_roundtrip, ours_roundtrip
 

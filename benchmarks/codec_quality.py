@@ -108,7 +108,7 @@ def run_benchmark(codec, files: list[Path], opus_kbps: list[float], codec2_modes
                   progress: bool = True, oracle: bool = True) -> list[Row]:
     from tqdm import tqdm
 
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
 
     rows = [Row("original", "", float("nan"), "original", None)]
     rows += [Row("ours", f"N_c={k}", codec.bitrate_kbps(k), "ours", k) for k in range(1, codec.n_codebooks + 1)]

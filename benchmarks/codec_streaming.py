@@ -4,7 +4,7 @@
         [--seconds 10] [--threads 1] [--json out.json]
 
 Audio: the first `--seconds` of held-out speech (the built-in corpus's test split, files joined),
-or noise when the corpus is not prepared. It goes through `codec.streaming.stream_roundtrip` in
+or noise when the corpus is not prepared. It goes through `codec.core.streaming.stream_roundtrip` in
 chunks of `--chunk-ms` as a live source would deliver them; each chunk's encoder and decoder time
 is measured on the wall clock and in this thread's CPU time (the CPU time leaves out waits for a
 busy machine's cores). The same audio is then encoded and decoded whole by `Codec.encode` /
@@ -29,14 +29,14 @@ from pathlib import Path
 import torch
 
 from codec import Codec
-from codec.streaming import StreamingDecoder, stream_roundtrip
+from codec.core.streaming import StreamingDecoder, stream_roundtrip
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def speech(codec: Codec, seconds: float) -> tuple[torch.Tensor, str]:
     """[1, C, seconds * rate] of test-split speech (files joined), or noise without the corpus."""
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
 
     need, parts = int(seconds * codec.sample_rate), []
     for path in sorted((REPO / "data" / "fillets-cs-16k" / "test").rglob("*.wav")):

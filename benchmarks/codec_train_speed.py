@@ -20,9 +20,9 @@ import time
 import torch
 
 from codec import Codec, CodecConfig
-from codec.istft_decoder import ISTFTDecoderConfig
-from codec.losses import MultiScaleMelLoss, waveform_l1
-from codec.seanet import SEANetDecoderConfig
+from codec.neural.istft_decoder import ISTFTDecoderConfig
+from codec.neural.losses import MultiScaleMelLoss, waveform_l1
+from codec.neural.seanet import SEANetDecoderConfig
 
 CONFIGS = {  # CodecConfig keyword arguments
     "seanet (channels 32)": dict(decoder=SEANetDecoderConfig()),
@@ -55,7 +55,7 @@ def time_codec_steps(config: CodecConfig, wav: torch.Tensor, steps: int, device:
 
 def time_discriminator(wav: torch.Tensor, steps: int, **settings) -> list[float]:
     """One discriminator update and one generator-side pass (hinge + feature matching), as in training."""
-    from codec.discriminator import (CodecDiscriminator, discriminator_hinge_loss, feature_matching_loss,
+    from codec.core.discriminator import (CodecDiscriminator, discriminator_hinge_loss, feature_matching_loss,
                                      generator_hinge_loss)
     disc = CodecDiscriminator(channels=wav.shape[1], **settings)
     fake = (torch.randn_like(wav) * 0.1).requires_grad_()

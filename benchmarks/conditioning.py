@@ -290,7 +290,7 @@ def real_clips(codec, shards, files, lines: list[int], corpus: str) -> dict[str,
     per line its speaker, seconds, median F0 and DNSMOS OVRL of each."""
     from pathlib import Path
 
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
 
     out = {"speaker": [], "seconds": [], "f0": [], "dnsmos": [], "voiced": [], "recon_dnsmos": [], "recon_voiced": []}
     for i in lines:

@@ -141,7 +141,7 @@ def row_names(asked: list[str] | None, lms: list[str]) -> tuple[list[str], dict[
 
 def load_lines(corpus: str, split: str, n: int) -> tuple[list[Line], dict[str, list[np.ndarray]]]:
     """The chosen lines with their recordings, and every real line of each fish in the split (the centroids')."""
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
 
     split_dir = Path(corpus) / split
     rows = read_metadata(split_dir)
@@ -298,7 +298,7 @@ def load_models(args, lm_rows: dict[str, str]):
 
 
 def run_row(row: str, lines: list[Line], codec, models, scorers, args) -> list[dict]:
-    from codec.audio import save_audio
+    from codec.core.audio import save_audio
 
     asr, encoder, centroids = scorers
     scored, t0 = [], time.perf_counter()

@@ -5,7 +5,7 @@ predict, measured as oracles (each fed the original file) beside codec2 3200, pa
         [--max-files 24] [--min-seconds 2] [--json out.json]
 
 Every variant is WORLD (pyworld) at 20 ms frames with D4C's coded aperiodicity and 6-bit log-F0;
-they differ in the F0 track (Harvest, DIO + StoneMask, or `codec.pitch.yin`, the torch YIN an encoder
+they differ in the F0 track (Harvest, DIO + StoneMask, or `codec.source_filter.pitch.yin`, the torch YIN an encoder
 can run) and in the envelope (a 24-order mel-cepstrum, or N log-mel bands read off CheapTrick's
 envelope and interpolated back). Each F0 track is also scored against pYIN (librosa) on the frames
 both call voiced (gross error: > 50 cents), with its voicing agreement and its speed.
@@ -54,7 +54,7 @@ def f0_track(x: np.ndarray, method: str) -> np.ndarray:
         f0, t = pyworld.dio(x, SAMPLE_RATE, f0_floor=lo, f0_ceil=hi, frame_period=WORLD_FRAME_MS)
         return pyworld.stonemask(x, f0, t, SAMPLE_RATE)
     if method == "yin":
-        from codec.pitch import yin
+        from codec.source_filter.pitch import yin
 
         f0, voiced = yin(torch.from_numpy(x.astype(np.float32)), SAMPLE_RATE, HOP, fmin=lo, fmax=hi)
         return np.where(voiced.numpy(), f0.numpy(), 0.0).astype(np.float64)
@@ -70,7 +70,7 @@ def mixed_track(tracks: dict[str, np.ndarray], method: str) -> np.ndarray:
     """"yin_hv": YIN's F0 (filled through its unvoiced frames) on Harvest's voiced frames; "harvest_yv":
     Harvest's F0 (YIN's where Harvest calls the frame unvoiced) on YIN's voiced frames. They part the
     F0 values' share of a track's loss from the voicing decisions'."""
-    from codec.pitch import _fill_unvoiced
+    from codec.source_filter.pitch import _fill_unvoiced
 
     yin = tracks["yin"]
     yin_filled = _fill_unvoiced(torch.from_numpy(yin)[None], torch.from_numpy(yin > 0)[None], WORLD_F0_RANGE[0])
@@ -151,7 +151,7 @@ class ParamRVQ:
 
 
 def fit_rvq(corpora: list[str], n_files: int, stages: int) -> ParamRVQ:
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
     from rvqlm.corpora.folder import corpus_files
 
     frames = []
@@ -175,7 +175,7 @@ def _paired(a: list[float], b: list[float]) -> str:
 
 
 def run(files: list[Path], estimators: list[str], envelopes: list[str], rvq: ParamRVQ | None = None) -> dict:
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
 
     systems = ["codec2 3200"] + [f"{e}+{v}" for e in estimators for v in envelopes if e != "pyin"]
     n_cs = sorted({min(4, len(rvq.books) + 1), len(rvq.books) + 1}) if rvq else []

@@ -8,13 +8,13 @@
 
 (a) the first `--files` wav files of a split of the built-in corpus (real speech, 16 kHz), (b)
 one file of `--hours` made by concatenating corpus audio. Each case runs `rvqlm tokenize`'s
-entry (`codec.distributed_tokenize.tokenize`) in a fresh process, so its peak RSS (main process,
+entry (`codec.tokenize.distributed.tokenize`) in a fresh process, so its peak RSS (main process,
 and the largest decoding worker) is the case's own. With `--ranks R`, case (a) runs again under
 `torchrun --nproc-per-node R` (gloo; each rank gets `--threads` / R torch threads): files
 per second, peak RSS of each rank, and their ratios against the one-process run of the same
 invocation. Speed does not depend on the codec's weights, so without `--codec` a random default
 `Codec(CodecConfig())` is timed; `--hf encodec|dac|mimi` times a random model of that family at the size
-of facebook/encodec_24khz, descript/dac_16khz or kyutai/mimi (codec/hf.py: each file encoded whole;
+of facebook/encodec_24khz, descript/dac_16khz or kyutai/mimi (codec/hf/adapter.py: each file encoded whole;
 `--codec` takes a downloaded folder of one too). The load average is printed: this machine may be shared, and then
 "audio s per CPU s" (CPU time of the whole case, torch import and decoding workers included) is
 the steadier figure; x real time on N idle cores is at most N times it.
@@ -50,7 +50,7 @@ def _make_long(folder: Path, corpus: Path, hours: float, sample_rate: int) -> No
     """Concatenate corpus audio (looping over it if needed) into one 16-bit wav, streamed to disk."""
     import soundfile as sf
 
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
     from rvqlm.corpora.folder import corpus_files
 
     files = corpus_files(corpus, "train") + corpus_files(corpus, "valid")
@@ -74,9 +74,9 @@ os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")  # as `rvqlm token
 
 def main():  # spawned decoding workers import this file: only run it as the script
     import torch
-    from codec.distributed_tokenize import Launch, tokenize
+    from codec.tokenize.distributed import Launch, tokenize
     from codec.loading import load_codec
-    from codec.tokenize import TokenizeSettings
+    from codec.tokenize.folder import TokenizeSettings
     launch = Launch.from_env()
     if {threads!r}:
         torch.set_num_threads(max(1, {threads!r} // launch.local_world))
@@ -123,7 +123,7 @@ def _run_case(audio: Path, out: Path, codec_dir: Path, workers: int, threads: in
 
 def _random_hf_codec(family: str, folder: Path) -> Path:
     """A random transformers model of `family` at the size of its released checkpoint, saved to `folder`."""
-    from codec.hf import import_transformers
+    from codec.hf.adapter import import_transformers
 
     tf = import_transformers()
     model = {"encodec": lambda: tf.EncodecModel(tf.EncodecConfig()),  # encodec_24khz's defaults
@@ -189,9 +189,9 @@ def main() -> None:
     if args.threads is None:
         args.threads = max(1, (os.cpu_count() or 1) - args.workers)
 
-    from codec.config import CodecConfig
+    from codec.core.config import CodecConfig
     from codec.loading import load_codec
-    from codec.model import Codec
+    from codec.core.model import Codec
     from rvqlm.corpora.fillets import prepare_corpus
 
     if args.hf and args.codec:

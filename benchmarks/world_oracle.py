@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.world_analysis import (WORLD_F0_RANGE, WORLD_FRAME_MS, WORLD_MCEP_ALPHA, WORLD_MCEP_ORDER,  # noqa: F401
+from codec.source_filter.world_analysis import (WORLD_F0_RANGE, WORLD_FRAME_MS, WORLD_MCEP_ALPHA, WORLD_MCEP_ORDER,  # noqa: F401
                                   compact_params, harvest_f0)
 from rvqlm.quality.roundtrips import Roundtrip
 

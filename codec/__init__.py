@@ -6,7 +6,10 @@
     codes = codec.encode(wav)      # [B, C, S] -> LongTensor [B, N_c, T]
     wav = codec.decode(codes)      # [B, k, T] -> [B, C, T * hop]
 
-Names are imported lazily so `import codec.audio` stays light.
+Rooms: core (the codec interface, rvqlm's own codec, its parts registry, quantizer, streaming, formats,
+audio I/O), neural (SEANet / iSTFT parts and GAN training), source_filter (the source-filter codec), hf
+(Hugging Face adapters), tokenize (folders of audio -> token shards); loading.py opens any of them.
+Names are imported lazily so `import codec.core.audio` stays light.
 """
 
 from __future__ import annotations
@@ -16,11 +19,11 @@ __all__ = ["Codec", "CodecConfig", "load_codec", "read_rvq", "write_rvq"]
 
 def __getattr__(name: str):
     if name == "Codec":
-        from codec.model import Codec
+        from codec.core.model import Codec
 
         return Codec
     if name == "CodecConfig":
-        from codec.config import CodecConfig
+        from codec.core.config import CodecConfig
 
         return CodecConfig
     if name == "load_codec":
@@ -28,7 +31,7 @@ def __getattr__(name: str):
 
         return load_codec
     if name in ("read_rvq", "write_rvq"):
-        from codec import rvq_file
+        from codec.core import rvq_file
 
         return getattr(rvq_file, name)
     raise AttributeError(f"module 'codec' has no attribute {name!r}")

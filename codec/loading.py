@@ -1,7 +1,7 @@
 """`load_codec(path)`: the one way the CLI, the demo and the benchmarks open a `--codec DIR`.
 
-    codec = load_codec("models/codec-speech-16k")   # rvqlm's own codec folder -> codec.model.Codec
-    codec = load_codec("hf/mimi")                    # a Hugging Face EnCodec / DAC / Mimi folder -> codec.hf adapter
+    codec = load_codec("models/codec-speech-16k")   # rvqlm's own codec folder -> codec.core.model.Codec
+    codec = load_codec("hf/mimi")                    # a Hugging Face EnCodec / DAC / Mimi folder -> a codec.hf adapter
 
 Both answer the same interface (sample_rate, channels, frame_rate, hop_length, n_codebooks,
 codebook_size, token_fingerprint / accepts_tokens, encode [B, C, S] -> [B, N_c, T], decode
@@ -17,10 +17,10 @@ import torch
 
 def load_codec(path: str | os.PathLike, map_location: str | torch.device = "cpu"):
     """The codec in folder `path`, in eval mode on `map_location` (see the module docstring)."""
-    from codec.hf import hf_model_type, load_hf_codec
+    from codec.hf.adapter import hf_model_type, load_hf_codec
 
     if hf_model_type(path) is not None:
         return load_hf_codec(path, map_location)
-    from codec.model import Codec
+    from codec.core.model import Codec
 
     return Codec.from_pretrained(path, map_location=map_location).eval()

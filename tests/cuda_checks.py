@@ -97,8 +97,8 @@ def _write_wav(path: Path, samples: np.ndarray, rate: int = 16000) -> None:
 
 
 def tokenizing_gives_the_cpu_tokens(device: str, tmp_path: Path) -> None:
-    from codec.distributed_tokenize import Launch, tokenize
-    from codec.tokenize import TokenizeSettings
+    from codec.tokenize.distributed import Launch, tokenize
+    from codec.tokenize.folder import TokenizeSettings
     from rvqlm_core.token_shards import TokenShards
 
     rng = np.random.default_rng(0)

@@ -96,7 +96,7 @@ TEXTS = {"train": ["Ahoj, rybko.", "Co je to?", "Ano ano.", None], "valid": ["Po
 def tiny(tmp_path_factory):
     """A corpus folder of short noise-and-tone lines (one without text) with metadata.jsonl, and its
     token folder (random tokens of ceil(S / 320) frames a file, the texts in its metadata)."""
-    from codec.audio import save_audio
+    from codec.core.audio import save_audio
     from rvqlm_core.shard_writer import write_token_corpus
 
     root = tmp_path_factory.mktemp("align")

@@ -1,4 +1,4 @@
-"""codec.audio: real files in, float32 [C, S] out at the requested layout; clear errors otherwise."""
+"""codec.core.audio: real files in, float32 [C, S] out at the requested layout; clear errors otherwise."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from codec.audio import AudioError, audio_info, iter_audio_blocks, load_audio, save_audio
+from codec.core.audio import AudioError, audio_info, iter_audio_blocks, load_audio, save_audio
 
 
 def test_reads_real_vorbis_and_resamples(real_ogg):

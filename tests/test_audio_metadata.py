@@ -12,9 +12,9 @@ import pytest
 import soundfile as sf
 import torch
 
-from codec.config import CodecConfig
-from codec.model import Codec
-from codec.tokenize import tokenize_folder
+from codec.core.config import CodecConfig
+from codec.core.model import Codec
+from codec.tokenize.folder import tokenize_folder
 from rvqlm.cli import main as cli_main
 from rvqlm_core.audio_metadata import MetadataError, read_folder_metadata, read_metadata_file
 from rvqlm_core.token_shards import TokenShards, read_errors

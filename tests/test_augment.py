@@ -1,4 +1,4 @@
-"""Training-crop augmentation (codec/augment.py) and corpus mixes in the codec's data module."""
+"""Training-crop augmentation (codec/neural/augment.py) and corpus mixes in the codec's data module."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from codec.augment import Augmentation, telephone_band
-from codec.data import CodecDataModule, RandomCropDataset
+from codec.neural.augment import Augmentation, telephone_band
+from codec.neural.data import CodecDataModule, RandomCropDataset
 
 SR = 16000
 

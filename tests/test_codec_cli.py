@@ -7,8 +7,8 @@ import soundfile as sf
 import torch
 
 from codec import Codec, CodecConfig
-from codec.audio import load_audio
-from codec.rvq_file import read_rvq
+from codec.core.audio import load_audio
+from codec.core.rvq_file import read_rvq
 from rvqlm.cli import main
 
 SEANET = dict(kind="seanet", channels=4, dilations=(1, 3))
@@ -76,7 +76,7 @@ def test_decode_refuses_another_codecs_file(tmp_path, tiny_codec_dir, speech, ca
 def test_decode_accepts_a_fine_tuned_decoder_and_old_headers(tmp_path, tiny_codec_dir, speech):
     """Same tokens, new decoder: decodes (with the new decoder). A header holding a full fingerprint
     instead of the token one is refused."""
-    from codec.rvq_file import write_rvq
+    from codec.core.rvq_file import write_rvq
 
     rvq = tmp_path / "x.rvq"
     assert main(["encode", str(speech), str(rvq), "--codec", str(tiny_codec_dir)]) == 0
@@ -114,8 +114,8 @@ def test_export_codec_from_a_lightning_checkpoint(tmp_path, speech_files):
     import lightning as L
 
     from codec import Codec
-    from codec.data import CodecDataModule
-    from codec.training import CodecModule
+    from codec.neural.data import CodecDataModule
+    from codec.neural.training import CodecModule
     from rvqlm.cli import main
 
     seanet = {"kind": "seanet", "channels": 4, "dilations": [1]}

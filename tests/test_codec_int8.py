@@ -1,4 +1,4 @@
-"""The codec's decoder in int8 (codec.int8): stored as int8 with per-channel scales, loaded into
+"""The codec's decoder in int8 (codec.core.int8): stored as int8 with per-channel scales, loaded into
 Int8Linear layers, the tokens and token fingerprint untouched, audio close to the float decoder's,
 streaming still working, the weights' fingerprint metadata that of the codec as loaded, training refused."""
 
@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from codec import Codec, CodecConfig
-from codec.streaming import StreamingDecoder
+from codec.core.streaming import StreamingDecoder
 from rvqlm_core.int8_linear import Int8Linear
 
 

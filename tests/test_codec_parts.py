@@ -1,5 +1,5 @@
-"""A codec is composed of registered parts (codec.parts): a decoder defined and registered in this file
-alone trains through codec.training's real code path (`rvqlm train-codec`), encodes and decodes (any
+"""A codec is composed of registered parts (codec.core.parts): a decoder defined and registered in this file
+alone trains through codec.neural.training's real code path (`rvqlm train-codec`), encodes and decodes (any
 first k codebooks), streams, exports to int8, and learns a saved codec's tokens; a version-1 folder
 reads into the nested config with its fingerprints unchanged."""
 
@@ -15,10 +15,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from codec import Codec, CodecConfig
-from codec.config_v1 import flat_settings, nested_from_flat
-from codec.parts import register_part
-from codec.streaming import StreamingDecoder, stream_roundtrip
-from codec.training import CodecModule
+from codec.core.config_v1 import flat_settings, nested_from_flat
+from codec.core.parts import register_part
+from codec.core.streaming import StreamingDecoder, stream_roundtrip
+from codec.neural.training import CodecModule
 from rvqlm.cli import main
 from rvqlm_core.persistence import CONFIG_METADATA
 
@@ -90,7 +90,7 @@ def toy_codec_dir(tmp_path_factory, corpus_dir) -> Path:
 
 
 def test_a_decoder_registered_in_a_test_file_trains_encodes_decodes_and_streams(toy_codec_dir, speech_files):
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
 
     saved = json.loads((toy_codec_dir / "config.json").read_text())
     assert saved["format_version"] == 2 and saved["decoder"] == TOY
@@ -112,7 +112,7 @@ def test_the_toy_decoder_learns_in_codec_training(corpus_dir):
     import lightning as L
     import yaml
 
-    from codec.data import CodecDataModule
+    from codec.neural.data import CodecDataModule
 
     torch.manual_seed(0)
     settings = {**yaml.safe_load(TINY_RECIPE.read_text())["model"]["codec"], "decoder": TOY}

@@ -1,4 +1,4 @@
-"""The streaming codec (codec/streaming.py): chunk by chunk it gives `Codec.encode`'s codes bit for bit
+"""The streaming codec (codec/core/streaming.py): chunk by chunk it gives `Codec.encode`'s codes bit for bit
 and `Codec.decode`'s audio within 1e-5, for every chunking, with both decoder parts,
 and its audio leaves a fixed latency (hop + look-ahead) after its input."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from codec import Codec, CodecConfig
-from codec.audio import load_audio
-from codec.streaming import StreamingDecoder, StreamingEncoder
+from codec.core.audio import load_audio
+from codec.core.streaming import StreamingDecoder, StreamingEncoder
 
 SEANET = dict(kind="seanet", channels=4, dilations=(1, 3))
 BASE = dict(strides=(2, 4, 5, 4), latent_dim=16, encoder=SEANET,  # hop 160 (10 ms at 16 kHz)

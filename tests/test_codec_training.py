@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from codec import Codec, CodecConfig
-from codec.data import CodecDataModule, FixedCropDataset, RandomCropDataset
-from codec.discriminator import load_discriminator
-from codec.losses import MultiScaleMelLoss, fit_n_mels, si_sdr
-from codec.training import CodecModule
-from codec.training_config import Losses, Optimization
+from codec.neural.data import CodecDataModule, FixedCropDataset, RandomCropDataset
+from codec.core.discriminator import load_discriminator
+from codec.neural.losses import MultiScaleMelLoss, fit_n_mels, si_sdr
+from codec.neural.training import CodecModule
+from codec.neural.training_config import Losses, Optimization
 from rvqlm.cli import main
 
 
@@ -66,7 +66,7 @@ def test_istft_decoder_codec_learns_real_speech(corpus_dir):
 
 
 def test_crop_stream_restarts_where_it_stopped_and_splits_ranks(speech_files):
-    from codec.data import CropBatchStream, StreamPosition
+    from codec.neural.data import CropBatchStream, StreamPosition
 
     crops = RandomCropDataset(speech_files["train"][:5], 16000, 1, crop_seconds=0.2, items=12)
     stream = CropBatchStream(crops, batch_size=2, batches_per_epoch=6)
@@ -149,7 +149,7 @@ def test_loudness_distance_weighs_loud_bins_and_ignores_level(speech_files):
     """Zero for the signal itself, the same for a louder copy of both (a ratio), finite gradients; and
     unlike the log-mel L1, it counts an error in the loud half of a file more than the same relative
     error in a half 40 dB quieter."""
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
 
     x = load_audio(speech_files["valid"][3], 16000, 1)[None][..., :32000]  # [1, 1, S] real speech
     loss = MultiScaleMelLoss(16000, (256, 1024), max_mels=(40, 160))
@@ -359,7 +359,7 @@ def test_decoder_only_fine_tune_keeps_the_tokens(tmp_path, corpus_dir):
 def test_training_settings_check_their_values_and_read_back_from_checkpoints():
     """Each group refuses bad values in one line; a module's hparams hold each group as a plain dict
     that builds the same settings again (as export_checkpoint does)."""
-    from codec.training_config import Adversarial, as_settings
+    from codec.neural.training_config import Adversarial, as_settings
 
     with pytest.raises(ValueError, match="at least one STFT scale"):
         Adversarial(enabled=True, n_ffts=[])

@@ -41,8 +41,8 @@ def setup(tmp_path_factory):
     """(root, codec, model, shards): 6 test files (two voices and a third speaker, some longer than the
     LM's 38-frame context), their recordings as sine tones in the corpus folder, an LM of the codec."""
     from codec import Codec, CodecConfig
-    from codec.audio import save_audio
-    from codec.tokenize import codec_meta
+    from codec.core.audio import save_audio
+    from codec.tokenize.folder import codec_meta
     from lm import LMConfig, MultiCodebookLM
     from rvqlm_core.shard_writer import write_token_corpus
 

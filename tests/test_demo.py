@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from codec.audio import audio_info, load_audio, save_audio
+from codec.core.audio import audio_info, load_audio, save_audio
 from rvqlm.cli import main
 from rvqlm.demo.pipeline import REPO, SHIPPED_CODEC, DemoSettings
 from rvqlm.demo.foreign_clips import TABLE as FOREIGN_TABLE

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from codec.discriminator import CodecDiscriminator, load_discriminator, save_discriminator
+from codec.core.discriminator import CodecDiscriminator, load_discriminator, save_discriminator
 
 
 def test_codec_discriminator_holds_one_stft_scale_per_fft_size_and_saves_them(tmp_path):

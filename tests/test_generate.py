@@ -364,7 +364,7 @@ def run_cli(*argv):
 
 
 def wav_seconds(path) -> float:
-    from codec.audio import audio_info
+    from codec.core.audio import audio_info
 
     return audio_info(path).duration
 

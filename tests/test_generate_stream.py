@@ -9,7 +9,7 @@ import soundfile as sf
 import torch
 
 from codec import Codec, CodecConfig
-from codec.audio import save_audio
+from codec.core.audio import save_audio
 from lm import LMConfig, MultiCodebookLM
 from lm.conditioning import Condition
 from lm.generate import generate

@@ -1,4 +1,4 @@
-"""Hugging Face codecs (EnCodec, DAC, Mimi) through rvqlm's own commands (codec/hf.py, issue 39).
+"""Hugging Face codecs (EnCodec, DAC, Mimi) through rvqlm's own commands (codec/hf/adapter.py, issue 39).
 
 Each family is built with a tiny random configuration and written by transformers' save_pretrained;
 nothing is downloaded. The references are transformers' own models loaded from the same folders and
@@ -22,10 +22,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from codec.audio import iter_audio_blocks, load_audio, save_audio  # noqa: E402
-from codec.audio_folder import STREAM_BLOCK_SECONDS  # noqa: E402
+from codec.core.audio import iter_audio_blocks, load_audio, save_audio  # noqa: E402
+from codec.tokenize.audio_folder import STREAM_BLOCK_SECONDS  # noqa: E402
 from codec.loading import load_codec  # noqa: E402
-from codec.rvq_file import read_rvq  # noqa: E402
+from codec.core.rvq_file import read_rvq  # noqa: E402
 from rvqlm.cli import main  # noqa: E402
 from rvqlm_core.token_shards import TokenShards  # noqa: E402
 
@@ -160,11 +160,11 @@ def test_reconstruct_equals_the_reference_decode(family, hf_dirs, audio, tmp_pat
     """`rvqlm reconstruct --n-codebooks 2`: the samples it writes (before 16-bit rounding) are the
     reference decode of the reference's 2-codebook codes, within 1e-5; `encode` writes those codes and
     `decode` turns them into the same samples."""
-    import codec.audio
+    import codec.core.audio
 
     written = {}
-    real_save = codec.audio.save_audio
-    monkeypatch.setattr(codec.audio, "save_audio", lambda path, wav, rate: written.update(wav=wav, rate=rate)
+    real_save = codec.core.audio.save_audio
+    monkeypatch.setattr(codec.core.audio, "save_audio", lambda path, wav, rate: written.update(wav=wav, rate=rate)
                         or real_save(path, wav, rate))
     src = audio / "train" / "sedadlo.mp3"
     out = tmp_path / "recon.wav"

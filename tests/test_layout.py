@@ -1,6 +1,7 @@
 """The package layout stays layered: imports run down the layers only, no files import each other
-in a circle, and files and functions stay a size a reader can hold (the layout in README.md); no
-code branches on a codec part's type outside that part's own module (codec.parts)."""
+in a circle, and files and functions stay a size a reader can hold (the layout in README.md); rvqlm/
+and codec/ keep their modules in rooms, and codec's rooms build on codec.core only; no code branches
+on a codec part's type outside that part's own module (codec.core.parts)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,12 @@ LAYERS = {
 LIBRARIES = ("rvqlm_core", "codec", "lm", "rvqlm")
 FAMILY_REGISTRY = "lm/families.py"  # the one module that may tell LM families apart by name
 MAX_FILE_LINES = 450
-APP_TOP_LEVEL = {"__init__.py", "__main__.py", "cli.py"}  # the rest of rvqlm/ lives in rooms (subpackages)
+# The modules a package may keep at its top level; the rest lives in rooms (subpackages).
+TOP_LEVEL = {"rvqlm": {"__init__.py", "__main__.py", "cli.py"},
+             "codec": {"__init__.py", "loading.py"}}  # loading.py opens a folder of any codec family
+# codec/'s rooms and the other codec rooms each may import (codec's top-level modules may import any).
+# The core is the ground: it imports no other room; the codec families and tokenizing do not import each other.
+CODEC_ROOMS = {"core": set(), "neural": {"core"}, "source_filter": {"core"}, "hf": {"core"}, "tokenize": {"core"}}
 MAX_FUNCTION_LINES = 60
 
 
@@ -142,9 +148,24 @@ def part_type_checks(root: Path) -> list[str]:
     return found
 
 
-def stray_app_modules(root: Path) -> list[str]:
-    """Modules at the top level of rvqlm/ other than its entry points."""
-    return sorted(f"rvqlm/{p.name}" for p in (root / "rvqlm").glob("*.py") if p.name not in APP_TOP_LEVEL)
+def stray_modules(root: Path) -> list[str]:
+    """Modules at the top level of rvqlm/ or codec/ other than the few TOP_LEVEL names."""
+    return sorted(f"{package}/{p.name}" for package, allowed in TOP_LEVEL.items()
+                  for p in (root / package).glob("*.py") if p.name not in allowed)
+
+
+def codec_room_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from one codec room into another that CODEC_ROOMS does not allow (a room not listed there
+    may import the core only), and from a room up into codec's top-level modules."""
+    wrong = []
+    for module, targets in graph.items():
+        parts = module.split(".")
+        if parts[0] != "codec" or len(parts) < 3:  # codec's top level: codec, codec.loading
+            continue
+        allowed = CODEC_ROOMS.get(parts[1], {"core"}) | {parts[1]}
+        wrong += [f"{module} imports {t}" for t in sorted(targets)
+                  if t.split(".")[0] == "codec" and (t.count(".") < 2 or t.split(".")[1] not in allowed)]
+    return sorted(wrong)
 
 
 def _names_a_family(node: ast.AST) -> bool:
@@ -214,8 +235,13 @@ def test_the_part_type_check_finds_a_planted_one(tmp_path):
                                           "codec/model.py:5 issubclass(..., WaveConfig)"]
 
 
-def test_the_application_keeps_its_modules_in_rooms():
-    assert stray_app_modules(REPO) == []
+def test_the_application_and_the_codec_keep_their_modules_in_rooms():
+    assert stray_modules(REPO) == []
+    assert {p.name for p in (REPO / "codec").iterdir() if (p / "__init__.py").is_file()} == set(CODEC_ROOMS)
+
+
+def test_codec_rooms_build_on_the_core_only():
+    assert codec_room_imports(import_graph(REPO)) == []
 
 
 def test_no_family_string_branch_outside_the_family_registry():
@@ -224,7 +250,8 @@ def test_no_family_string_branch_outside_the_family_registry():
 
 def test_the_checks_find_what_they_look_for(tmp_path):
     """A planted upward import, a planted circle (one of them lazy, one relative), a long function, a
-    module at rvqlm/'s top level and family string branches are each reported: the checks above can fail."""
+    module at rvqlm/'s and codec/'s top level, imports between codec rooms and family string branches are
+    each reported: the checks above can fail."""
     files = {
         "rvqlm_core/__init__.py": "",
         "codec/__init__.py": "",
@@ -236,15 +263,28 @@ def test_the_checks_find_what_they_look_for(tmp_path):
         "rvqlm/commands/generate.py": "def f(m, c):\n    return m.config.family != 'masked' or c['family'] in ('a', 'b')\n",
         "rvqlm/__init__.py": "",
         "rvqlm/corpus.py": "import codec\n\n\ndef h():\n" + "    x = 1\n" * 70,
+        "codec/core/__init__.py": "",
+        "codec/core/model.py": "def f():\n    from codec.neural.seanet import S\n",
+        "codec/neural/__init__.py": "",
+        "codec/neural/seanet.py": "from codec.core.model import f\n",
+        "codec/hf/__init__.py": "",
+        "codec/hf/mimi.py": "from codec.source_filter import synthesis\nfrom codec import loading\n",
+        "codec/source_filter/__init__.py": "",
+        "codec/source_filter/synthesis.py": "from codec.core import model\n",
+        "codec/loading.py": "",
     }
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     graph = import_graph(tmp_path)
     assert upward_imports(graph) == ["codec.data imports rvqlm.corpus"]
-    assert circles(graph) == ["lm.generate -> lm.model -> lm.generate"]
+    assert circles(graph) == ["codec.core.model -> codec.neural.seanet -> codec.core.model",
+                              "lm.generate -> lm.model -> lm.generate"]
     assert oversized(tmp_path) == ["rvqlm/corpus.py:4 h(): 71 lines"]
-    assert stray_app_modules(tmp_path) == ["rvqlm/corpus.py"]
+    assert stray_modules(tmp_path) == ["codec/data.py", "rvqlm/corpus.py"]
+    assert codec_room_imports(graph) == ["codec.core.model imports codec.neural.seanet",
+                                         "codec.hf.mimi imports codec.loading",
+                                         "codec.hf.mimi imports codec.source_filter.synthesis"]
     assert family_branches(tmp_path) == ["rvqlm/commands/generate.py:2", "rvqlm/commands/generate.py:2"]
 
 

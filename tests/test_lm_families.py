@@ -99,7 +99,7 @@ def test_a_toy_family_trains_through_train_lm_and_loads_as_itself(trained_toy):
 
 
 def test_a_toy_family_generates_through_the_generate_command(trained_toy, tmp_path, capsys):
-    from codec.audio import audio_info
+    from codec.core.audio import audio_info
 
     root, DECODED[:] = trained_toy, []
     argv = ["generate", "--lm", str(root / "run" / "pretrained"), "--codec", str(root / "codec"), "--seconds", "0.4",

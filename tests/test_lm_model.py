@@ -504,7 +504,7 @@ def test_from_pretrained_refuses_bad_folders_clearly(tmp_path):
 def speech_tokens(path, n_codebooks: int, codebook_size: int, n_frames: int) -> torch.Tensor:
     """Real-speech token streams [1, N_c, T]: the log energy of N_c frequency bands of 20 ms frames of a real
     recording, each band quantised into |V| levels (a stand-in for codec codes with their real dynamics)."""
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
 
     audio = load_audio(path, 16000)[0]
     hop = 320

@@ -20,7 +20,7 @@ from lm.sampling import SamplingOptions
 def setup(tmp_path_factory):
     """(root, ar, masked): a codec of 2 codebooks x 16, test files of 30..80 frames, both LMs of its tokens."""
     from codec import Codec, CodecConfig
-    from codec.tokenize import codec_meta
+    from codec.tokenize.folder import codec_meta
     from lm import LMConfig, MaskedLM, MultiCodebookLM
     from rvqlm_core.shard_writer import write_token_corpus
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codec.audio import audio_info
+from codec.core.audio import audio_info
 from rvqlm.demo.masked import RECIPE, masked_continuations, masked_lm_hint
 
 SHIPPED_CODEC = "models/codec-speech-16k"

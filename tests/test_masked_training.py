@@ -189,7 +189,7 @@ def test_generate_cli_continues_with_a_masked_lm(codec_and_masked, tmp_path, cap
     assert rvqlm_main(["generate", "--lm", str(root / "lm"), "--codec", str(root / "codec"), "--seconds", "1.2",
                        "--steps", "4,2", "--seed", "1", "--num-samples", "2", "--out", str(out), "--no-progress",
                        "--choice-temperature", "3"]) == 0
-    from codec.audio import audio_info
+    from codec.core.audio import audio_info
 
     assert audio_info(tmp_path / "m-1.wav").duration == pytest.approx(1.2)  # 60 frames: past the 40-frame window
     assert "real-time factor" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""codec.audio without the soundfile package (a stock CUDA PyTorch image): 16-bit PCM WAV reads
+"""codec.core.audio without the soundfile package (a stock CUDA PyTorch image): 16-bit PCM WAV reads
 to the very samples libsndfile gives, anything else fails with one line naming soundfile."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import soundfile as sf
 import torch
 
-import codec.audio
-from codec.audio import AudioError, audio_info, iter_audio_blocks, load_audio, save_audio
+import codec.core.audio
+from codec.core.audio import AudioError, audio_info, iter_audio_blocks, load_audio, save_audio
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def test_pcm16_wav_reads_the_same_without_soundfile(stereo_wav, monkeypatch):
     with_sf = (audio_info(stereo_wav), load_audio(stereo_wav, 22050, 2), load_audio(stereo_wav, 16000, 1),
                load_audio(stereo_wav, 22050, 2, offset_seconds=0.1, duration_seconds=0.2),
                torch.cat(list(iter_audio_blocks(stereo_wav, 16000, 1, block_seconds=0.1)), dim=1))
-    monkeypatch.setattr(codec.audio, "_soundfile", lambda: None)
+    monkeypatch.setattr(codec.core.audio, "_soundfile", lambda: None)
     without = (audio_info(stereo_wav), load_audio(stereo_wav, 22050, 2), load_audio(stereo_wav, 16000, 1),
                load_audio(stereo_wav, 22050, 2, offset_seconds=0.1, duration_seconds=0.2),
                torch.cat(list(iter_audio_blocks(stereo_wav, 16000, 1, block_seconds=0.1)), dim=1))
@@ -40,7 +40,7 @@ def test_other_formats_and_writing_name_soundfile_when_it_is_missing(stereo_wav,
     flac, float_wav = tmp_path / "a.flac", tmp_path / "f.wav"
     sf.write(flac, np.zeros((100, 1), np.float32), 16000)
     sf.write(float_wav, np.zeros((100, 1), np.float32), 16000, subtype="FLOAT")
-    monkeypatch.setattr(codec.audio, "_soundfile", lambda: None)
+    monkeypatch.setattr(codec.core.audio, "_soundfile", lambda: None)
     for path in (flac, float_wav):
         with pytest.raises(AudioError, match=r"^.*: .*pip install soundfile"):
             load_audio(path, 16000)

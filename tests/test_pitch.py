@@ -1,11 +1,11 @@
-"""codec.pitch: YIN pitch and voicing."""
+"""codec.source_filter.pitch: YIN pitch and voicing."""
 
 import math
 
 import pytest
 import torch
 
-from codec.pitch import cmnd, yin
+from codec.source_filter.pitch import cmnd, yin
 
 SR, HOP = 16000, 160
 

@@ -27,7 +27,7 @@ SR = 16000
 @pytest.fixture(scope="module")
 def speech(speech_files) -> np.ndarray:
     """3 s of held-out real speech, 16 kHz mono float32 [S]."""
-    from codec.audio import audio_info, load_audio
+    from codec.core.audio import audio_info, load_audio
 
     path = next(f for f in speech_files["test"] if audio_info(f).duration >= 3.5)
     return load_audio(path, SR, 1, duration_seconds=3.0)[0].numpy()
@@ -420,7 +420,7 @@ def test_continuation_nll_past_the_context_scores_the_last_window():
 
 
 def _token_folder(root: Path, codec, lengths: dict[str, int]):
-    from codec.tokenize import codec_meta
+    from codec.tokenize.folder import codec_meta
     from rvqlm_core.shard_writer import write_token_corpus
 
     g = np.random.default_rng(0)

@@ -12,7 +12,7 @@ import torch
 from einops import rearrange
 from safetensors.torch import load_file, save_file
 
-from codec.quantizer import QuantizerOutput, ResidualVectorQuantizer, kmeans, nearest_codes
+from codec.core.quantizer import QuantizerOutput, ResidualVectorQuantizer, kmeans, nearest_codes
 
 
 # ----------------------------------------------------------------------------- data
@@ -31,7 +31,7 @@ def gaussian_mixture(batch: int, frames: int, dim: int, n_clusters: int, spread:
 def speech_latents(speech_files) -> dict[str, torch.Tensor]:
     """Real speech as latents: 8 consecutive 16 kHz samples per vector, [B=8, D=8, T=256] per split,
     both splits scaled by the training split's standard deviation."""
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
 
     n = 8 * 8 * 256
     raw = {}

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 SCRIPT = REPO / "scripts" / "train_shipped_models.sh"
 COMMANDS = {"codec": "train-codec", "lm": "train-lm"}
-SOURCE_FILTER = re.compile(r"(?:rvqlm|\$RVQLM) train-source-filter\s+(\S+)")  # one recipe, read by codec/source_filter_training.py
+SOURCE_FILTER = re.compile(r"(?:rvqlm|\$RVQLM) train-source-filter\s+(\S+)")  # one recipe, read by codec/source_filter/training.py
 USER_RECIPES = {"codec_tiny.yaml", "lm_tiny.yaml", "lm_demo.yaml", "codec_speech.yaml",  # + the shipped stages
                 "lm_speech_conditioned.yaml", "lm_text_bytes.yaml", "lm_masked_tiny.yaml", "lm_masked_speech.yaml",
                 "codec_source_filter.yaml", "lm_mimi.yaml", "lm_encodec.yaml"}
@@ -81,7 +81,7 @@ def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir)
     assert layers[-1] == str(recipe.relative_to(REPO)), f"{recipe.name}: its header runs {layers[-1]}"
     config = _print_config(command, layers, capsys)
     if command == "train-codec":  # `model.codec` holds each part's settings as a dict: build them
-        from codec.training import codec_config
+        from codec.neural.training import codec_config
 
         codec_config(config["model"]["codec"])
     data = config["data"]
@@ -103,7 +103,7 @@ def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir)
 
 
 def _check_source_filter_recipe(recipe: Path, runs: list[str]) -> None:
-    from codec.source_filter_training import read_recipe
+    from codec.source_filter.training import read_recipe
 
     assert runs == [str(recipe.relative_to(REPO))], f"{recipe.name}: its header runs {runs}"
     settings = read_recipe(recipe)
@@ -112,7 +112,7 @@ def _check_source_filter_recipe(recipe: Path, runs: list[str]) -> None:
 
 
 def test_a_source_filter_recipe_with_an_unknown_key_is_refused(tmp_path):
-    from codec.source_filter_training import read_recipe
+    from codec.source_filter.training import read_recipe
 
     bad = tmp_path / "codec_bad.yaml"
     bad.write_text((RECIPES / "codec_source_filter.yaml").read_text() + "no_such_setting: 1\n")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from codec.audio import load_audio
+from codec.core.audio import load_audio
 from rvqlm.demo.report import ReportClip, Section, write_clip, write_report
 
 

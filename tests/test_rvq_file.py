@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from codec.config import bits_per_code
-from codec.rvq_file import MAGIC, RvqFileError, pack_codes, read_rvq, unpack_codes, write_rvq
+from codec.core.config import bits_per_code
+from codec.core.rvq_file import MAGIC, RvqFileError, pack_codes, read_rvq, unpack_codes, write_rvq
 
 
 def header(size: int, **extra) -> dict:

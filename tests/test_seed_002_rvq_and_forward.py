@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from codec.quantizer import ResidualVectorQuantizer
+from codec.core.quantizer import ResidualVectorQuantizer
 from lm import MultiCodebookLM
 from lm.generate import generate
 from lm.layers import Attention, FeedForward, LayerNorm, RMSNorm, SinusoidalPositions, SwiGLU, make_norm

@@ -263,7 +263,7 @@ def test_section_3_departures_are_what_the_code_does(doc):
     embeddings of a frame are summed into one residual stream vector, and N_c heads read the final stream";
     "RoPE, RMSNorm and SwiGLU ... alongside the original sinusoidal encoding, LayerNorm and ReLU/GELU, all
     selectable in LMConfig"."""
-    from codec.quantizer import ResidualVectorQuantizer
+    from codec.core.quantizer import ResidualVectorQuantizer
     from lm.config import FFNS, NORMS, POSITIONS
 
     assert "(`pad = |V|`, `bos = |V| + 1`)" in doc.replace("\n  ", " ")

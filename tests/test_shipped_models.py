@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from codec import Codec
-from codec.audio import load_audio
-from codec.losses import mel_distance
+from codec.core.audio import load_audio
+from codec.neural.losses import mel_distance
 from lm import MultiCodebookLM
 
 MODELS = Path(__file__).resolve().parents[1] / "models"

@@ -1,4 +1,4 @@
-"""The source-filter codec (codec.source_filter, codec.source_filter_parts, codec.source_filter_training):
+"""The source-filter codec (codec.source_filter.synthesis, codec.source_filter.parts, codec.source_filter.training):
 its synthesis follows WORLD's definitions (mel-cepstrum, coded aperiodicity, pulse + noise excitation),
 streams exactly, carries the pitch in its first codebook, and trains from a recipe through the CLI."""
 
@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from codec import Codec, CodecConfig
-from codec.audio import load_audio
-from codec.source_filter_net import F0_BINS, class_to_f0, f0_to_class
-from codec.source_filter import (SourceFilterSynth, SynthStream, aperiodicity_db, cheaptrick, mcep_fit_matrix,
+from codec.core.audio import load_audio
+from codec.source_filter.net import F0_BINS, class_to_f0, f0_to_class
+from codec.source_filter.synthesis import (SourceFilterSynth, SynthStream, aperiodicity_db, cheaptrick, mcep_fit_matrix,
                                  mcep_matrix)
-from codec.source_filter_parts import LATENT_DIM, f0_of_pitch, pitch_codebook, pitch_of_class
-from codec.source_filter_training import fit_quantizer
-from codec.streaming import stream_roundtrip
+from codec.source_filter.parts import LATENT_DIM, f0_of_pitch, pitch_codebook, pitch_of_class
+from codec.source_filter.training import fit_quantizer
+from codec.core.streaming import stream_roundtrip
 from rvqlm.cli import main
 from rvqlm_core.token_shards import TokenShards
 
@@ -155,7 +155,7 @@ def test_a_long_file_streams_to_the_whole_file_latents_and_codes(sf_codec, speec
     elementwise tails round otherwise than the whole file's pass. The stream now computes each frame once,
     layer by layer, with the whole file's kernels: latents bit for bit (but in the last frames, which the
     whole-file pass computes in its scalar tails), codes equal, for any chunking."""
-    from codec.streaming import StreamingEncoder
+    from codec.core.streaming import StreamingEncoder
 
     codec = Codec.from_pretrained(sf_codec)
     files = [f for split in ("test", "valid", "train") for f in speech_files[split]]
@@ -197,7 +197,7 @@ def test_tokenize_gives_the_whole_file_codes(sf_codec, speech_files, tmp_path):
 def test_the_f0_target_keeps_harvests_voicing_and_values_in_pyins_octave():
     """Issue 38's measurement (docs/experiments.md): pYIN's values cost quality, Harvest's octave slips
     cost pitch; the target moves Harvest's F0 by whole octaves only."""
-    from codec.world_analysis import target_f0
+    from codec.source_filter.world_analysis import target_f0
 
     harvest = np.array([0.0, 100.0, 200.0, 210.0, 90.0, 0.0])
     pyin = np.array([150.0, 0.0, 101.0, 220.0, 370.0, 0.0])

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from codec.audio import audio_info, load_audio
-from codec.pitch import yin
+from codec.core.audio import audio_info, load_audio
+from codec.source_filter.pitch import yin
 from rvqlm.corpora.folder import SPLITS, CorpusError, corpus_subset
 from rvqlm.corpora.synthetic import PEAK, VOICES, espeak, prepare_synthetic, synthetic_relpath
 

@@ -19,11 +19,11 @@ import pytest
 import soundfile as sf
 import torch
 
-from codec.audio import iter_audio_blocks, load_audio
-from codec.config import CodecConfig
-from codec.model import Codec
-from codec.audio_folder import find_audio_files
-from codec.tokenize import tokenize_folder
+from codec.core.audio import iter_audio_blocks, load_audio
+from codec.core.config import CodecConfig
+from codec.core.model import Codec
+from codec.tokenize.audio_folder import find_audio_files
+from codec.tokenize.folder import tokenize_folder
 from rvqlm.cli import main as cli_main
 from rvqlm_core.token_shards import TokenShards, read_errors
 
@@ -69,7 +69,7 @@ def _folder_bytes(root: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("causal", [True, False])
 def test_chunked_and_batched_tokens_equal_whole_file_encoding(tmp_path, speech_files, real_ogg, causal, monkeypatch):
     """Bit-exact: every frame is computed from a window holding its whole receptive field."""
-    import codec.audio_folder as tk
+    import codec.tokenize.audio_folder as tk
 
     monkeypatch.setattr(tk, "STREAM_BLOCK_SECONDS", 1.5)  # so a 4 s file takes the streaming path
     codec = _tiny_codec(causal)

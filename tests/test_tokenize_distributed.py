@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codec.distributed_tokenize import Launch, owner, tokenize, tokenize_share
-from codec.tokenize import (TokenizeSettings, TokenizeSummary, codec_meta, list_audio_files, read_metadata,
+from codec.tokenize.distributed import Launch, owner, tokenize, tokenize_share
+from codec.tokenize.folder import (TokenizeSettings, TokenizeSummary, codec_meta, list_audio_files, read_metadata,
                             tokenize_folder)
 from rvqlm_core.folder_lock import LOCK_FILE, folder_lock
 from rvqlm_core.shard_writer import ShardWriter, write_token_corpus

@@ -1,7 +1,7 @@
 """Log-mel features with exactly one frame per codec token frame (16 kHz, hop 320: 50 Hz).
 
 A file of S samples gives T = ceil(S / 320) frames, the number of token frames the codec makes of it
-(codec/pieces.py `Plan.frames`): the centred STFT makes 1 + S // 320, one more when 320 divides S,
+(codec/tokenize/pieces.py `Plan.frames`): the centred STFT makes 1 + S // 320, one more when 320 divides S,
 which is dropped. Each utterance is normalised per mel bin (mean 0, variance 1 over its frames).
 """
 

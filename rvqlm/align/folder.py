@@ -61,7 +61,7 @@ def _check_geometry(meta: dict, tokens_dir) -> None:
 def _features(audio: Path, n_frames: int) -> tuple[torch.Tensor, list[bool]]:
     """The features of one line and which frames are loud (durations.loud_frames); ValueError when its audio
     does not give the tokens' `n_frames` frames."""
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
 
     if not audio.is_file():
         raise FileNotFoundError(f"{audio} is missing: give --corpus the folder these tokens were made from")

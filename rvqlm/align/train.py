@@ -76,7 +76,7 @@ def read_lines(corpus_dir: str | os.PathLike, split: str) -> tuple[list[tuple[st
 def load_examples(corpus_dir: str | os.PathLike, rows: list[tuple[str, str]], alphabet: str,
                   what: str) -> list[Example]:
     """Features and targets of `rows`; lines too short for their text are left out (counted)."""
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
 
     out, short, t0 = [], 0, time.time()
     for i, (rel, text) in enumerate(rows):

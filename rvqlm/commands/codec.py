@@ -83,7 +83,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from codec.training import train_codec
+    from codec.neural.training import train_codec
 
     train_codec(args.lightning_args)
     return 0
@@ -92,7 +92,7 @@ def _train(args: argparse.Namespace) -> int:
 def _train_source_filter(args: argparse.Namespace) -> int:
     import torch
 
-    from codec.source_filter_training import train_source_filter
+    from codec.source_filter.training import train_source_filter
 
     torch.set_num_threads(args.threads)
     train_source_filter(args.recipe)
@@ -100,7 +100,7 @@ def _train_source_filter(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from codec.training import export_checkpoint
+    from codec.neural.training import export_checkpoint
     from rvqlm_core.atomic import check_folder_destination
 
     check_folder_destination(args.output, inputs=[args.checkpoint])  # never onto the codec it reads
@@ -123,7 +123,7 @@ def _load(args: argparse.Namespace):
 
 
 def _read_audio(path: str, codec, command: str):
-    from codec.audio import FullScale, load_audio
+    from codec.core.audio import FullScale, load_audio
 
     level = FullScale()
     wav = load_audio(path, codec.sample_rate, codec.channels, max_seconds=MAX_SECONDS, level=level)
@@ -132,7 +132,7 @@ def _read_audio(path: str, codec, command: str):
 
 
 def warn_full_scale(level, path: str, command: str) -> None:
-    """`rvqlm COMMAND: warning: ...` on stderr for a file past full scale (codec.audio.FullScale)."""
+    """`rvqlm COMMAND: warning: ...` on stderr for a file past full scale (codec.core.audio.FullScale)."""
     import sys
 
     warning = level.warning(path)
@@ -141,7 +141,7 @@ def warn_full_scale(level, path: str, command: str) -> None:
 
 
 def _reconstruct(args: argparse.Namespace) -> int:
-    from codec.audio import save_audio
+    from codec.core.audio import save_audio
 
     codec = _load(args)
     k = args.n_codebooks or codec.n_codebooks
@@ -158,8 +158,8 @@ def _reconstruct(args: argparse.Namespace) -> int:
 def _reconstruct_streaming(args: argparse.Namespace, codec, n_q: int) -> float:
     """args.input through the streaming codec in chunks of --chunk-ms as live audio would come, read and
     written block by block (bounded memory, so no MAX_SECONDS); prints the compute per chunk -> seconds."""
-    from codec.audio import FullScale, audio_info, audio_writer, iter_audio_blocks
-    from codec.streaming import rechunk, stream_chunks
+    from codec.core.audio import FullScale, audio_info, audio_writer, iter_audio_blocks
+    from codec.core.streaming import rechunk, stream_chunks
 
     if getattr(codec, "stream_refusal", None):
         raise ValueError(codec.stream_refusal)
@@ -188,12 +188,12 @@ def _reconstruct_streaming(args: argparse.Namespace, codec, n_q: int) -> float:
 
 
 def _print_stream_times(codec, times: list, chunk: int, duration: float) -> None:
-    """The compute per chunk of `codec.streaming.stream_chunks`' ChunkTimes, and the latency."""
+    """The compute per chunk of `codec.core.streaming.stream_chunks`' ChunkTimes, and the latency."""
     import statistics
 
     import torch
 
-    from codec.streaming import StreamingDecoder
+    from codec.core.streaming import StreamingDecoder
 
     ms = sorted(1000 * (t.encode + t.decode) for t in times)
     cpu = sorted(1000 * (t.encode_cpu + t.decode_cpu) for t in times)
@@ -209,7 +209,7 @@ def _print_stream_times(codec, times: list, chunk: int, duration: float) -> None
 def _encode(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from codec.rvq_file import write_rvq
+    from codec.core.rvq_file import write_rvq
 
     codec = _load(args)
     wav = _read_audio(args.input, codec, args.command)
@@ -224,8 +224,8 @@ def _encode(args: argparse.Namespace) -> int:
 
 
 def _decode(args: argparse.Namespace) -> int:
-    from codec.audio import save_audio
-    from codec.rvq_file import read_rvq
+    from codec.core.audio import save_audio
+    from codec.core.rvq_file import read_rvq
 
     codec = _load(args)
     codes, header = read_rvq(args.input)

@@ -212,7 +212,7 @@ def check_length(args: argparse.Namespace, lm_model, codec, prompt_frames: int, 
 
 def load_prompt_codes(path: str, codec, lm_model, prompt_seconds: float | None):
     """Read, trim to whole frames and encode the prompt -> codes [1, N_c of the LM, T0] (LongTensor)."""
-    from codec.audio import FullScale, audio_info, load_audio
+    from codec.core.audio import FullScale, audio_info, load_audio
     from rvqlm.commands.codec import warn_full_scale
 
     cfg, hop, rate = lm_model.config, codec.hop_length, codec.frame_rate
@@ -331,7 +331,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _write_samples(args: argparse.Namespace, codec, wav, lengths: list[int], t0: int, new_frames: int) -> None:
     """Write each sample's continuation (and prompt + continuation), cut at its own length in frames."""
-    from codec.audio import save_audio
+    from codec.core.audio import save_audio
 
     hop, rate = codec.hop_length, codec.frame_rate
     for paths, sample, n in zip(output_paths(args.out, args.num_samples, args.prompt is not None), wav, lengths):

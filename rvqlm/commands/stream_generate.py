@@ -1,7 +1,7 @@
 """`rvqlm generate --stream`: the continuation's audio is written while the LM generates it.
 
 Each LM step completes at most one frame (codebook k of frame t is placed at step t + delay_k). The
-prompt's frames, then each new frame, go through a `codec.streaming.StreamingDecoder`, and the audio
+prompt's frames, then each new frame, go through a `codec.core.streaming.StreamingDecoder`, and the audio
 it makes final is appended to the continuation's wav (`GrowingWav`), so the file grows by about a
 frame per step, one decoder latency behind the LM. The frames come from `lm.generate.generate`'s
 `on_frames`, so the codes are generate's for the same arguments and seed; the audio is
@@ -28,7 +28,7 @@ class GrowingWav:
     The file starts as a header with no samples (written atomically); `append` writes the samples
     after the data, then rewrites the header's two sizes in one 44-byte write, so a reader never
     meets a header that promises samples not yet there. Samples are clipped to [-1, 1] and rounded
-    as `codec.audio.save_audio` does (libsndfile 1.2: floor(x * 32768), 1.0 clipped to 32767).
+    as `codec.core.audio.save_audio` does (libsndfile 1.2: floor(x * 32768), 1.0 clipped to 32767).
     """
 
     def __init__(self, path: str | Path, sample_rate: int, channels: int):
@@ -103,7 +103,7 @@ def generate_streaming(args, lm_model, codec, prompt: Tensor, new_frames: int, p
                        request: dict) -> int:
     """`rvqlm generate --stream` from the parsed args and lm.generate.generate's sampling, condition and
     options (`request`): generate, write while generating, report."""
-    from codec.audio import save_audio
+    from codec.core.audio import save_audio
     from lm.generate import generate
 
     t0 = prompt.shape[-1]

@@ -1,5 +1,5 @@
 """`rvqlm tokenize AUDIO_DIR OUT_DIR --codec CODEC_DIR`: a folder of audio -> token shards, in one
-process or, under torchrun, in many (codec/distributed_tokenize.py, docs/distributed.md)."""
+process or, under torchrun, in many (codec/tokenize/distributed.py, docs/distributed.md)."""
 
 from __future__ import annotations
 
@@ -59,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
     import torch
 
-    from codec.distributed_tokenize import Launch, tokenize
+    from codec.tokenize.distributed import Launch, tokenize
     from codec.loading import load_codec
-    from codec.tokenize import TokenizeSettings
+    from codec.tokenize.folder import TokenizeSettings
     from pathlib import Path
 
     from rvqlm_core.atomic import check_folder_destination
@@ -104,7 +104,7 @@ def hold_out_dir(held, out_dir: str, launch, wait: bool) -> None:
         return
     import torch.distributed as dist
 
-    from codec.distributed_tokenize import WAIT
+    from codec.tokenize.distributed import WAIT
 
     dist.init_process_group("gloo", timeout=WAIT)  # tokenize's Group finds it and leaves it to us
     held.callback(dist.destroy_process_group)

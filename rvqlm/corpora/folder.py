@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from codec.audio import AudioError, load_audio, save_audio
+from codec.core.audio import AudioError, load_audio, save_audio
 from rvqlm_core.atomic import atomic_write_json, atomic_write_text
 
 SPLITS = ("train", "valid", "test")

@@ -23,7 +23,7 @@ import soundfile as sf
 import torch
 import torchaudio
 
-from codec.audio import AudioError, load_audio
+from codec.core.audio import AudioError, load_audio
 from rvqlm.corpora.fillets import DEFAULT_CORPUS_DIR
 from rvqlm.corpora.folder import METADATA, SPLITS, CorpusError, CorpusFile, read_corpus_json, write_corpus, \
     write_if_changed

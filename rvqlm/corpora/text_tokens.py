@@ -54,7 +54,7 @@ def write_text_tokens(audio_dir: str | os.PathLike, out_dir: str | os.PathLike, 
     """The `text_field` of every audio file under `audio_dir` (its metadata.jsonl / .csv) as a new text
     token folder at `out_dir` (seconds to write: never resumed, an existing folder is refused).
     Raises ValueError for metadata that cannot be parsed, FileNotFoundError without an audio folder."""
-    from codec.audio_folder import find_audio_files
+    from codec.tokenize.audio_folder import find_audio_files
 
     root, out = Path(audio_dir), Path(out_dir)
     if out.exists():

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from codec.audio import AudioError, load_audio
+from codec.core.audio import AudioError, load_audio
 from rvqlm.corpora.folder import CorpusError, CorpusFile, write_corpus
 
 ASTERISK_SOUNDS = Path(os.environ.get("RVQLM_ASTERISK_DIR", "/usr/share/asterisk/sounds"))

@@ -49,7 +49,7 @@ def pick_foreign_clips(voices_dir: str | Path, n: int, min_seconds: float = MIN_
     """Up to `n` test-split files of a prepared voices corpus, `min_seconds`..`max_seconds` long:
     each speaker's (sorted by name) first such file in sorted order, then each one's second, and so
     on, so that n >= the number of speakers shows every speaker. CorpusError if none fits."""
-    from codec.audio import audio_info
+    from codec.core.audio import audio_info
     from rvqlm.corpora.folder import CorpusError, corpus_files
 
     voices_dir = Path(voices_dir)
@@ -108,7 +108,7 @@ def foreign_speaker_clips(codec, voices_dir: str | Path, n: int, out: Path,
 def _foreign_row(codec, path: Path, voices_dir: Path, stem: str, out: Path, workdir: Path,
                  no_opus: str | None) -> tuple[list[ReportClip], list[dict[str, str]]]:
     """One file's clips (original, ours at each N_c, Opus unless `no_opus`) and its table rows."""
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
 
     reference = load_audio(path, SAMPLE_RATE, 1)[0].numpy()  # [S]
     speaker = path.relative_to(voices_dir).parts[1]

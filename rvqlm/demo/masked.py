@@ -44,7 +44,7 @@ def masked_continuations(codec, lm_dir: str | Path, prompts: list[Path], prompt_
                          steps=None, seed: int = 1, say: Callable[[str], None] = print) -> Section:
     """The first `prompt_seconds` of each prompt file continued by `seconds` with the masked LM at `lm_dir`,
     written under `out` (audio/masked-promptI-*.wav); `say` gets the hint when the section is left out."""
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
     from lm.trunk import load_lm
     from lm.generate import generate
     from lm.masked_generate import MaskedDecoding, default_window, model_calls, steps_per_level

@@ -160,8 +160,8 @@ def reconstruct(codec, prompts: list[Path], out: Path) -> Section:
     """Each prompt file and its reconstructions with 1, N_c / 2 and N_c codebooks, with their bitrate,
     mel distance, STOI and wideband PESQ (after `estimate_lag` alignment: a decoder may make its own
     phase, so no waveform-matching measure such as SI-SDR; "n/a" where pystoi or pesq is missing)."""
-    from codec.audio import load_audio
-    from codec.losses import mel_distance
+    from codec.core.audio import load_audio
+    from codec.neural.losses import mel_distance
     from rvqlm.quality.metrics import align, estimate_lag, pesq_wb, stoi
 
     sr = codec.sample_rate
@@ -194,7 +194,7 @@ def reconstruct(codec, prompts: list[Path], out: Path) -> Section:
 
 def tokenize_corpus(s: DemoSettings, corpus: Path, codec) -> Path:
     """Tokenize `corpus` with `codec` into `s.tokens_dir` (or the default folder); returns that folder."""
-    from codec.tokenize import tokenize_folder
+    from codec.tokenize.folder import tokenize_folder
 
     fingerprint = codec.token_fingerprint()[:12]
     if s.tokens_dir is not None:
@@ -266,7 +266,7 @@ def train_demo_lm(s: DemoSettings, tokens_dir: Path, run_dir: Path, init: Path |
 def continue_prompts(s: DemoSettings, codec, model, prompts: list[Path], out: Path) -> Section:
     """The first `s.prompt_seconds` of each prompt file (as codec tokens) continued by `model` for
     `s.continuation_seconds`, with its real-time factor and the model's NLL of what it sampled."""
-    from codec.audio import load_audio
+    from codec.core.audio import load_audio
     from lm.generate import generate
     from lm.sampling import SamplingOptions
 

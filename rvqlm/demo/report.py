@@ -73,7 +73,7 @@ def write_clip(out_dir: str | os.PathLike, stem: str, wav: torch.Tensor, sample_
                metrics: dict[str, str]) -> ReportClip:
     """Write one clip `[C, S]` as `audio/<stem>.wav` and its spectrogram as `img/<stem>.png` under
     `out_dir`, and describe it for the page."""
-    from codec.audio import save_audio
+    from codec.core.audio import save_audio
 
     out = Path(out_dir)
     wav_rel, png_rel = Path("audio") / f"{stem}.wav", Path("img") / f"{stem}.png"

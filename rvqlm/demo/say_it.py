@@ -54,7 +54,7 @@ def conditioned_lm_hint(lm_dir: str | Path, codec) -> str | None:
 def pick_lines(corpus: str | Path, n: int, max_bytes: int) -> list[tuple[Path, str, str]]:
     """Up to n (recording, text, speaker) of the test split's metadata.jsonl: lines spoken by one of
     VOICES, MIN_SECONDS..MAX_SECONDS long, at most `max_bytes` of text, evenly spread in file order."""
-    from codec.audio import audio_info
+    from codec.core.audio import audio_info
     from rvqlm_core.audio_metadata import read_metadata_file
 
     meta = Path(corpus) / "test" / "metadata.jsonl"
@@ -134,7 +134,7 @@ def heard(asr, wav: torch.Tensor, sample_rate: int, text: str) -> dict[str, str]
 def _say_line(model, codec, path: Path, text: str, speaker: str, stem: str, out: Path, cfg_scale: float,
               seed: int, asr=None) -> tuple[list[ReportClip], list[dict[str, str]]]:
     """One line's clips (the real recording, then each voice) and its table rows."""
-    from codec.audio import audio_info, load_audio
+    from codec.core.audio import audio_info, load_audio
     from lm.conditioning import Condition
     from lm.generate import generate
     from lm.sampling import SamplingOptions

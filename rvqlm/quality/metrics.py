@@ -29,7 +29,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch
 
-from codec.losses import mel_distance, si_sdr
+from codec.neural.losses import mel_distance, si_sdr
 
 REFERENCE_METRICS = ("mel", "si_sdr", "stoi", "pesq")  # of a decoded signal against its reference
 DNSMOS_METRICS = ("dnsmos_sig", "dnsmos_bak", "dnsmos_ovrl", "dnsmos_p808")  # of one signal alone

@@ -123,7 +123,7 @@ def codec2_roundtrip(wav: np.ndarray, sample_rate: int, mode: str, workdir: Path
 
 def pick_files(files: list[Path], max_files: int, min_seconds: float) -> list[Path]:
     """Up to max_files of the files at least min_seconds long, evenly spread over the sorted list."""
-    from codec.audio import audio_info
+    from codec.core.audio import audio_info
 
     long_enough = [f for f in sorted(files) if audio_info(f).duration >= min_seconds]
     if not long_enough:

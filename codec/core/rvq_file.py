@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from codec.config import bits_per_code
+from codec.core.config import bits_per_code
 from rvqlm_core.atomic import atomic_write_bytes
 
 MAGIC = b"RVQLM\x00\r\n"

@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 @dataclass
 class CodecSettings:
-    """`model.codec` as a recipe writes it: `codec.config.CodecConfig`'s nested settings, each part a
+    """`model.codec` as a recipe writes it: `codec.core.config.CodecConfig`'s nested settings, each part a
     dict (any registered kind's settings); unset (None) is CodecConfig's default. Typed here so that
     `--model.codec.decoder.hop 80` overrides one setting of a recipe's part."""
 
@@ -50,7 +50,7 @@ class Losses:
     l1_weight: float = 1.0
     mel_n_ffts: list[int] = field(default_factory=lambda: [256, 512, 1024, 2048])  # FFT size of each mel scale
     mel_max_mels: Union[int, list[int]] = 80  # bands at every scale, or one number per scale
-    loudness_weight: float = 0.0  # |M|^loudness_exponent distance (codec.losses.MultiScaleMelLoss.terms); 0: off
+    loudness_weight: float = 0.0  # |M|^loudness_exponent distance (codec.neural.losses.MultiScaleMelLoss.terms); 0: off
     loudness_exponent: float = 0.3
 
     def __post_init__(self) -> None:
@@ -67,7 +67,7 @@ class Losses:
 
 @dataclass
 class Adversarial:
-    """A `codec.discriminator.CodecDiscriminator` trained beside the codec from step `start_step` on:
+    """A `codec.core.discriminator.CodecDiscriminator` trained beside the codec from step `start_step` on:
     STFT scales at `n_ffts` (`filters` wide)."""
 
     enabled: bool = False

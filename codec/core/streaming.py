@@ -10,11 +10,11 @@
 
 The codes of all pushes and the flush are `Codec.encode` of the whole signal, bit for bit; the
 audio of all pushes and the flush is `Codec.decode` of all the codes (within float rounding), for
-any chunking. Every convolution carries its own left context (`codec.streaming_layers`), so a
+any chunking. Every convolution carries its own left context (`codec.core.streaming_layers`), so a
 chunk costs what its own frames cost; nothing is recomputed.
 
 Exactness: a chunk is computed with the kernels a long signal's offline pass uses (oneDNN
-convolutions, many-row matmuls, SIMD loops; `codec.streaming_layers`), so on the CPU the latents
+convolutions, many-row matmuls, SIMD loops; `codec.core.streaming_layers`), so on the CPU the latents
 are `Codec.encode`'s bit for bit wherever that pass takes them too: at batch > 1, or at batch 1 once
 every convolution's input holds over 20480 values (3.1 s for the shipped codec), except the last
 few frames (where the offline pass computes elementwise functions in scalar code). Elsewhere they
@@ -23,7 +23,7 @@ a tie (none in the tests). On the GPU no kernel is pinned. The decoder, which ow
 plain kernels unless built with `exact=True` (then about twice the compute per frame).
 
 Latency: a frame's codes exist once its last sample has arrived (no look-ahead). Each part streams
-itself (`streaming_step`, codec.parts); a decoder's audio may lag its frames (`lookahead_samples`:
+itself (`streaming_step`, codec.core.parts); a decoder's audio may lag its frames (`lookahead_samples`:
 0 for SEANet, n_fft / 2 for the iSTFT decoder's overlap-add), so an input sample comes back at most
 hop_length + lookahead_samples samples later (`latency_samples`), plus compute time.
 
@@ -41,7 +41,7 @@ from einops import rearrange
 
 
 def _check_causal(codec) -> None:
-    refusal = getattr(codec, "stream_refusal", None)  # a Hugging Face codec (codec.hf) says why not itself
+    refusal = getattr(codec, "stream_refusal", None)  # a Hugging Face codec (codec.hf.adapter) says why not itself
     if refusal is not None:
         raise ValueError(refusal)
     if not codec.causal:
@@ -57,7 +57,7 @@ def _batch_check(batch: int | None, x: torch.Tensor, what: str) -> int:
 
 class FrameQuantizer:
     """`ResidualVectorQuantizer.encode` for a few frames at a time: its nearest-code search
-    (`codec.quantizer.nearest_codes`, the same operations in the same order) with the codebook-side
+    (`codec.core.quantizer.nearest_codes`, the same operations in the same order) with the codebook-side
     terms (mean, centred codebook, squared norms) computed once, not once per chunk.
 
     latents [B, D, n] -> codes [B, n_q, n], equal to the quantizer's. Snapshot of the codebooks.
@@ -235,7 +235,7 @@ def stream_chunks(codec, chunks: Iterable[torch.Tensor], n_q: int | None = None
 
 
 def rechunk(blocks: Iterable[torch.Tensor], size: int) -> Iterator[torch.Tensor]:
-    """Blocks [C, n] of any lengths (e.g. `codec.audio.iter_audio_blocks`) -> chunks [1, C, size] in order,
+    """Blocks [C, n] of any lengths (e.g. `codec.core.audio.iter_audio_blocks`) -> chunks [1, C, size] in order,
     the last one shorter when the total is no multiple of `size`."""
     if size < 1:
         raise ValueError(f"chunk must be at least 1 sample, got {size}")

@@ -2,9 +2,9 @@
 
     codes = codec.encode(wav)    # wav [B, C, S] at codec.sample_rate -> LongTensor [B, N_c, ceil(S / hop)]
     wav = codec.decode(codes)    # codes [B, k, T], 1 <= k <= N_c   -> [B, C, T * hop]
-    codec.streaming_encoder(), codec.streaming_decoder()  # the same, chunk by chunk (codec/streaming.py)
+    codec.streaming_encoder(), codec.streaming_decoder()  # the same, chunk by chunk (codec/core/streaming.py)
 
-The encoder and decoder are registered parts (codec.parts), built from their configs.
+The encoder and decoder are registered parts (codec.core.parts), built from their configs.
 A saved codec is a folder (`rvqlm_core.persistence`): `config.json` (the nested `CodecConfig`),
 `model.safetensors` (every parameter and buffer, quantizer EMA statistics included; the decoder's
 tensors optionally in half precision) and optionally `discriminator.safetensors`.
@@ -26,23 +26,23 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from codec.config import CodecConfig, bitrate_kbps
-from codec.discriminator import save_discriminator
-from codec.int8 import int8_decoder_state, to_int8_decoder
-from codec.parts import build_part
-from codec.quantizer import QuantizerOutput, ResidualVectorQuantizer
+from codec.core.config import CodecConfig, bitrate_kbps
+from codec.core.discriminator import save_discriminator
+from codec.core.int8 import int8_decoder_state, to_int8_decoder
+from codec.core.parts import build_part
+from codec.core.quantizer import QuantizerOutput, ResidualVectorQuantizer
 from rvqlm_core.int8_linear import float_linear_state
 from rvqlm_core.persistence import (CONFIG_FILE, WEIGHTS_FILE, FolderFormat, cpu_state, dequantized_state, load_state,
                                     read_folder, save_folder, stored_state)
 
 DISCRIMINATOR_NAME = "discriminator.safetensors"
-# Version 2: config.json nested by part; version 1 (flat) is read too (codec.config_v1).
+# Version 2: config.json nested by part; version 1 (flat) is read too (codec.core.config_v1).
 FOLDER_FORMAT = FolderFormat("codec", "format", "rvqlm-codec", 2, extra_files=(DISCRIMINATOR_NAME,))
 
 
 def weights_hash(settings: dict[str, Any], state: dict[str, torch.Tensor]) -> str:
     """sha256 hex of JSON `settings` and every tensor of `state` (name, dtype, shape, bytes, in name order):
-    what codec fingerprints are made of (also the Hugging Face adapters', codec.hf)."""
+    what codec fingerprints are made of (also the Hugging Face adapters', codec.hf.adapter)."""
     h = hashlib.sha256()
     h.update(json.dumps(settings, sort_keys=True).encode())
     for name, tensor in sorted(state.items()):
@@ -88,8 +88,8 @@ class CodecOutput:
 class Codec(nn.Module):
     """Encoder + residual vector quantizer + decoder. See the module docstring for the API."""
 
-    #: `rvqlm tokenize` may cut long files into chunks widened by the exact `frame_span` (codec/pieces.py);
-    #: codecs without a known finite receptive field (the Hugging Face adapters, codec/hf.py) say True.
+    #: `rvqlm tokenize` may cut long files into chunks widened by the exact `frame_span` (codec/tokenize/pieces.py);
+    #: codecs without a known finite receptive field (the Hugging Face adapters, codec/hf/adapter.py) say True.
     tokenizes_whole_files = False
 
     def __init__(self, config: CodecConfig | None = None):
@@ -200,14 +200,14 @@ class Codec(nn.Module):
             return self.decoder(latent)
 
     def streaming_encoder(self, n_q: int | None = None):
-        """A `codec.streaming.StreamingEncoder`: audio chunk by chunk -> codes of each completed frame."""
-        from codec.streaming import StreamingEncoder
+        """A `codec.core.streaming.StreamingEncoder`: audio chunk by chunk -> codes of each completed frame."""
+        from codec.core.streaming import StreamingEncoder
 
         return StreamingEncoder(self, n_q=n_q)
 
     def streaming_decoder(self, exact: bool = False):
-        """A `codec.streaming.StreamingDecoder`: codes frame by frame -> audio as soon as it is final."""
-        from codec.streaming import StreamingDecoder
+        """A `codec.core.streaming.StreamingDecoder`: codes frame by frame -> audio as soon as it is final."""
+        from codec.core.streaming import StreamingDecoder
 
         return StreamingDecoder(self, exact=exact)
 
@@ -245,7 +245,7 @@ class Codec(nn.Module):
         "float32": exactly); they load back as float32. The encoder and quantizer are always stored
         exactly, so `token_fingerprint()` is unchanged. The weights' `fingerprint` metadata is that
         of the codec as it will load. "int8": the decoder's linear layers as int8 with per-channel
-        scales, loaded as an inference-only codec (codec.int8); an int8 codec saves as stored or dequantized.
+        scales, loaded as an inference-only codec (codec.core.int8); an int8 codec saves as stored or dequantized.
         """
         state = float_linear_state(cpu_state(self))
         config = self.config.to_dict()

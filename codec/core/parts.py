@@ -2,9 +2,9 @@
 built from it (`from_config(config, codec_config)`), registered in the part's own module with
 `@register_part(role, kind, ConfigClass)`; a codec config names it (`decoder: {kind: ..., ...}`).
 
-What `Codec`, codec.streaming, codec.int8 and codec.training need of a part:
+What `Codec`, codec.core.streaming, codec.core.int8 and codec.neural.training need of a part:
   encoder: forward(wav [B, C, T * hop]) -> z [B, latent_dim, T]; frame_span() -> (lo, hi);
-           streaming_step() -> a codec.streaming_layers.Step (wav chunks -> latent frames)
+           streaming_step() -> a codec.core.streaming_layers.Step (wav chunks -> latent frames)
   decoder: forward(z [B, latent_dim, T]) -> wav [B, C, T * hop]; streaming_step(exact) -> a DecoderStream
   config:  optional check(codec_config) -> None, ValueError where the part cannot fit the codec
 Int8 export takes a decoder's nn.Linear layers, whatever the part. tests/test_codec_parts.py
@@ -19,7 +19,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 ROLES = ("encoder", "decoder")
-_BUILTIN_MODULES = ("codec.seanet", "codec.istft_decoder", "codec.source_filter_parts")  # the parts that ship with rvqlm
+_BUILTIN_MODULES = ("codec.neural.seanet", "codec.neural.istft_decoder", "codec.source_filter.parts")  # the parts that ship with rvqlm
 _REGISTRY: dict[str, dict[str, tuple[type, type]]] = {role: {} for role in ROLES}
 
 

@@ -4,7 +4,7 @@ units, at the sample rate and every rate down to the frame rate.
     encoder: {kind: seanet, channels: 8, full_rate_residuals: false, dilations: [1, 3, 9], ...}
     decoder: {kind: seanet, channels: 32, dilations: [1, 3, 9], ...}
 
-Every convolution pads its input itself (codec.modules), so `T * hop` samples make `T` frames and
+Every convolution pads its input itself (codec.core.modules), so `T * hop` samples make `T` frames and
 back; with a causal codec all padding is on the left and both stream (`streaming_step`).
 """
 
@@ -17,10 +17,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from codec.config import positive_ints
-from codec.modules import PaddedConv1d, PaddedConvTranspose1d, ResidualUnit, frame_span_of, layer_spans
-from codec.parts import register_part
-from codec.streaming_layers import Chain, seanet_steps
+from codec.core.config import positive_ints
+from codec.core.modules import PaddedConv1d, PaddedConvTranspose1d, ResidualUnit, frame_span_of, layer_spans
+from codec.core.parts import register_part
+from codec.core.streaming_layers import Chain, seanet_steps
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class SEANetEncoder(nn.Module):
         return cls(full_rate_residuals=config.full_rate_residuals, **config.layers(codec))
 
     def streaming_step(self) -> Chain:
-        """wav chunks [B, C, n] -> the latent frames they complete (codec.streaming_layers)."""
+        """wav chunks [B, C, n] -> the latent frames they complete (codec.core.streaming_layers)."""
         return seanet_steps(self.layers)
 
     def frame_span(self) -> tuple[int, int]:

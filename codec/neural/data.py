@@ -5,7 +5,7 @@ Training crops: a stream of batches in which crop i of the run is a pure functio
 run resumes on exactly the batches it would have read (the position is saved in checkpoints);
 validation crops: the middle of each chosen file, the same every time. Training crops may be
 speed-perturbed (`speeds`: each crop is played at one of these speeds, drawn per crop, which moves
-pitch, formants and tempo together). Audio is read with `codec.audio.load_audio` (any format
+pitch, formants and tempo together). Audio is read with `codec.core.audio.load_audio` (any format
 libsndfile reads, resampled and down/up-mixed to the codec's layout); a file shorter than the crop
 is zero-padded at the end.
 """
@@ -22,8 +22,8 @@ import torch
 import torchaudio.functional as AF
 from torch.utils.data import DataLoader, Dataset
 
-from codec.audio import AUDIO_SUFFIXES, audio_info, load_audio
-from codec.augment import Augmentation
+from codec.core.audio import AUDIO_SUFFIXES, audio_info, load_audio
+from codec.neural.augment import Augmentation
 from rvqlm_core.batch_stream import BatchStream, StreamLoader, StreamPosition
 
 
@@ -82,7 +82,7 @@ class RandomCropDataset(_CropDataset):
     ``s * sample_rate`` must be a whole number of Hz, so that the resampling kernel is exact.
 
     augment: level, telephone band and noise drawn per crop by ``np.random.default_rng([seed, i, 3])``
-    (codec/augment.py).
+    (codec/neural/augment.py).
     """
 
     def __init__(self, files, sample_rate: int, channels: int = 1, crop_seconds: float = 1.0,

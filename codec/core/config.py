@@ -1,7 +1,7 @@
 """CodecConfig: every setting that shapes a codec, nested by part (the frame grid, then `encoder`,
-`quantizer`, `decoder`: registered part kinds, codec.parts), validated, round-trippable to JSON; and
+`quantizer`, `decoder`: registered part kinds, codec.core.parts), validated, round-trippable to JSON; and
 the bitrate arithmetic (frame rate x N_c x ceil(log2 |V|)), written once. The defaults are the
-shipped codec's; codec.config_v1 reads version 1's flat form and gives its fingerprints.
+shipped codec's; codec.core.config_v1 reads version 1's flat form and gives its fingerprints.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from codec.config_v1 import flat_settings, flat_token_settings, nested_from_flat
-from codec.parts import part_config_class
+from codec.core.config_v1 import flat_settings, flat_token_settings, nested_from_flat
+from codec.core.parts import part_config_class
 from rvqlm_core.settings import settings_from_dict
 
 _TOP = ("sample_rate", "channels", "latent_dim")  # positive integers
@@ -39,7 +39,7 @@ def positive_ints(owner: str, **values: Any) -> None:
 
 @dataclass(frozen=True)
 class QuantizerConfig:
-    """The residual vector quantizer: N_c codebooks of |V| codes, EMA-updated (codec.quantizer)."""
+    """The residual vector quantizer: N_c codebooks of |V| codes, EMA-updated (codec.core.quantizer)."""
 
     n_codebooks: int = 8  # N_c
     codebook_size: int = 1024  # |V|
@@ -66,7 +66,7 @@ def _default_part(role: str):
 @dataclass(frozen=True)
 class CodecConfig:
     """The settings of a `Codec`: the frame grid shared by its parts, and each part's own settings
-    (`encoder` and `decoder`: registered part configs, codec.parts). docs/codec.md gives each reason."""
+    (`encoder` and `decoder`: registered part configs, codec.core.parts). docs/codec.md gives each reason."""
 
     sample_rate: int = 16000  # Hz
     channels: int = 1  # audio channels C
@@ -144,7 +144,7 @@ class CodecConfig:
     @classmethod
     def from_flat(cls, d: dict[str, Any], *, source: str = "codec config") -> "CodecConfig":
         """Build from version 1's flat dict (config.json of format version 1; missing settings take
-        version 1's defaults, e.g. a SEANet decoder). codec.config_v1 has the mapping."""
+        version 1's defaults, e.g. a SEANet decoder). codec.core.config_v1 has the mapping."""
         return cls.from_dict(nested_from_flat(d, source), source=source)
 
 

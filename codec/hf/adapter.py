@@ -5,12 +5,12 @@
     wav = codec.decode(codes[:, :k])           # codes [B, k, T], 1 <= k <= N_c -> [B, C, T * hop]
 
 `HFCodec` wraps the library's own model (`EncodecModel`, `DacModel`, `MimiModel`; the optional extra
-`pip install -e '.[hf]'`) and offers what the rest of rvqlm uses of `codec.model.Codec`: sample_rate,
+`pip install -e '.[hf]'`) and offers what the rest of rvqlm uses of `codec.core.model.Codec`: sample_rate,
 channels, hop_length, frame_rate, n_codebooks, codebook_size, fingerprint(), token_fingerprint(),
 accepts_tokens(), bitrate_kbps(), encode / decode of the first k codebooks. One module per family
-(codec/hf_encodec.py, codec/hf_dac.py, codec/hf_mimi.py) says how its model is called.
+(codec/hf/encodec.py, codec/hf/dac.py, codec/hf/mimi.py) says how its model is called.
 
-Fingerprints: `token_fingerprint()` is a sha256 (`codec.model.weights_hash`) of the family, the config
+Fingerprints: `token_fingerprint()` is a sha256 (`codec.core.model.weights_hash`) of the family, the config
 fields that decide the codes (the family's TOKEN_KEYS) and the tensors of the encoder and quantizer;
 `fingerprint()` of the whole config and every tensor. Token folders, `.rvq` files and LMs record the
 token fingerprint as for rvqlm's own codec, so an LM of Mimi tokens refuses EnCodec.
@@ -32,11 +32,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from codec.config import bitrate_kbps
-from codec.model import check_wav, weights_hash
+from codec.core.config import bitrate_kbps
+from codec.core.model import check_wav, weights_hash
 
 #: config.json `model_type` -> the module of its adapter.
-FAMILIES = {"encodec": "codec.hf_encodec", "dac": "codec.hf_dac", "mimi": "codec.hf_mimi"}
+FAMILIES = {"encodec": "codec.hf.encodec", "dac": "codec.hf.dac", "mimi": "codec.hf.mimi"}
 #: Config keys that are bookkeeping, not the model (left out of `fingerprint()`).
 BOOKKEEPING = ("transformers_version", "architectures", "dtype", "torch_dtype", "_name_or_path", "return_dict",
                "output_hidden_states", "output_attentions", "use_cache", "_attn_implementation_autoset")

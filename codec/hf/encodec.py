@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from codec.hf import HFCodec
+from codec.hf.adapter import HFCodec
 
 
 class EncodecCodec(HFCodec):

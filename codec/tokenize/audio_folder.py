@@ -1,4 +1,4 @@
-"""The audio side of `codec.tokenize`: walk a folder for audio files, decode them in order in worker
+"""The audio side of `codec.tokenize.folder`: walk a folder for audio files, decode them in order in worker
 processes (short files whole, long ones streamed in blocks by the caller), and read blocks ahead."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from codec.audio import AUDIO_SUFFIXES, AudioError, audio_info, iter_audio_blocks
+from codec.core.audio import AUDIO_SUFFIXES, AudioError, audio_info, iter_audio_blocks
 from rvqlm_core.audio_metadata import iter_folder
 
 #: Files longer than this are streamed in blocks of this length; shorter ones are read whole.

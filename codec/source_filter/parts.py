@@ -1,10 +1,10 @@
 """The source-filter codec's parts: an encoder that analyses speech into vocoder parameters, a
-decoder that synthesizes them (codec.source_filter).
+decoder that synthesizes them (codec.source_filter.synthesis).
 
     encoder: {kind: source_filter, width: 256, layers: 4, kernel: 3}
     decoder: {kind: source_filter, n_fft: 1024}
 
-The encoder's network (codec.source_filter_net) gives F0, voicing and aperiodicity; the envelope
+The encoder's network (codec.source_filter.net) gives F0, voicing and aperiodicity; the envelope
 is measured, not regressed (CheapTrick at the network's F0). The latent is [B, 27, T] per 20 ms
 frame, frame t centred on sample t * hop:
     channel 0      pitch: PITCH_UNITS x log2(F0 / F0_MIN) on the encoder's F0 grid, UNVOICED_PITCH where unvoiced
@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from codec.config import positive_ints
-from codec.parts import register_part
-from codec.source_filter_net import F0_BINS, F0_MIN, HOP, LEFT_PAD, SourceFilterNet, class_to_f0
-from codec.source_filter import (ANALYSIS_HALF_WINDOW, MCEP_ORDER, SourceFilterSynth, SynthStream, cheaptrick,
+from codec.core.config import positive_ints
+from codec.core.parts import register_part
+from codec.source_filter.net import F0_BINS, F0_MIN, HOP, LEFT_PAD, SourceFilterNet, class_to_f0
+from codec.source_filter.synthesis import (ANALYSIS_HALF_WINDOW, MCEP_ORDER, SourceFilterSynth, SynthStream, cheaptrick,
                                  mcep_fit_matrix)
-from codec.streaming_layers import ConvStep, elementwise, framewise, padding_frames
+from codec.core.streaming_layers import ConvStep, elementwise, framewise, padding_frames
 
 PARAMS = MCEP_ORDER + 2  # mel-cepstrum and one aperiodicity band a frame
 LATENT_DIM = 1 + PARAMS  # pitch, then the parameters
@@ -83,7 +83,7 @@ def pitch_codebook(codebook_size: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class SourceFilterEncoderConfig:
-    """The analysis network's settings (codec.source_filter_net)."""
+    """The analysis network's settings (codec.source_filter.net)."""
 
     width: int = 256  # channels of its frame-rate layers
     layers: int = 4  # causal residual blocks
@@ -100,7 +100,7 @@ class SourceFilterEncoderConfig:
 class SourceFilterEncoder(nn.Module):
     """wav [B, 1, S] -> latent [B, 27, ceil(S / 320)] (layout: module docstring). The network gives the F0
     (voiced where unvoiced has probability under 1/2, then the most likely class) and the aperiodicity;
-    the envelope is WORLD's CheapTrick at that F0 (codec.source_filter.cheaptrick), fitted by a
+    the envelope is WORLD's CheapTrick at that F0 (codec.source_filter.synthesis.cheaptrick), fitted by a
     mel-cepstrum. `param_mean` [26] is the parameters' training mean."""
 
     def __init__(self, width: int = 256, layers: int = 4, kernel: int = 3):
@@ -134,7 +134,7 @@ class SourceFilterEncoderStream:
     layer, with the arithmetic of the whole-signal pass.
 
     The stream keeps what each layer needs of the past (samples for the spectra and the envelope, each
-    block's convolution context: codec.streaming_layers.ConvStep) and computes only the new frames. A few
+    block's convolution context: codec.core.streaming_layers.ConvStep) and computes only the new frames. A few
     frames take other kernels than a whole file's many (BLAS multiplies fewer than 16 rows otherwise, an
     elementwise op computes its last values in scalar code, a short convolution goes to im2col instead
     of oneDNN), so every step here takes the long signal's (`framewise`, `elementwise`, ConvStep's
@@ -210,7 +210,7 @@ def _by_columns(fn, x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class SourceFilterDecoderConfig:
-    """The synthesizer's settings (codec.source_filter)."""
+    """The synthesizer's settings (codec.source_filter.synthesis)."""
 
     n_fft: int = 1024  # length of each pulse's response
 
@@ -225,7 +225,7 @@ class SourceFilterDecoderConfig:
 
 @register_part("decoder", "source_filter", SourceFilterDecoderConfig)
 class SourceFilterDecoder(nn.Module):
-    """latent [B, 27, T] -> wav [B, 1, T * 320] by WORLD-style synthesis (codec.source_filter); no
+    """latent [B, 27, T] -> wav [B, 1, T * 320] by WORLD-style synthesis (codec.source_filter.synthesis); no
     learned weights but `param_mean` [26], the parameters' training mean."""
 
     def __init__(self, n_fft: int = 1024):

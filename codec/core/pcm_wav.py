@@ -1,4 +1,4 @@
-"""16-bit PCM WAV reading with Python's own `wave` module: what `codec.audio` reads where the
+"""16-bit PCM WAV reading with Python's own `wave` module: what `codec.core.audio` reads where the
 soundfile package (libsndfile) is not installed, e.g. a stock CUDA PyTorch image.
 
 Samples come out as libsndfile gives them (int16 / 32768, float32 `[S, C]`), so tokens do not

@@ -24,10 +24,10 @@ from einops import rearrange
 from torch import nn
 from torch.nn import functional as F
 
-from codec.config import positive_ints
-from codec.modules import conv_padding, convnext_blocks
-from codec.parts import register_part
-from codec.streaming_layers import MIN_ROWS, Chain, ConvNeXtStep, ConvStep, per_frame
+from codec.core.config import positive_ints
+from codec.core.modules import conv_padding, convnext_blocks
+from codec.core.parts import register_part
+from codec.core.streaming_layers import MIN_ROWS, Chain, ConvNeXtStep, ConvStep, per_frame
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class ISTFTDecoder(nn.Module):
 class ISTFTStream:
     """The iSTFT decoder over chunks of latent frames: the ConvNeXt stack step by step, then the
     overlap-add, whose audio lags by n_fft / 2 samples (`lookahead_samples`). `exact`: rounded as
-    the offline pass (codec.streaming)."""
+    the offline pass (codec.core.streaming)."""
 
     def __init__(self, decoder: ISTFTDecoder, exact: bool = False):
         embed = ConvStep(decoder.embed.weight, decoder.embed.bias, pad_left=decoder.embed_pad[0], exact=exact)

@@ -5,7 +5,7 @@ count the caller asks for (torchaudio resampling, mean downmix / repeat upmix). 
 user can cause (missing, empty, truncated, non-audio, NaN/inf samples, too long) raises
 `AudioError` whose message starts with the file's path; nothing deeper ever leaks a traceback
 from torch or libsndfile. Without the soundfile package (a stock CUDA PyTorch image) 16-bit PCM
-WAV is still read (codec/pcm_wav.py); other formats, and writing, then name the missing package.
+WAV is still read (codec/core/pcm_wav.py); other formats, and writing, then name the missing package.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torchaudio.functional as AF
 
-from codec import pcm_wav
+from codec.core import pcm_wav
 from rvqlm_core.atomic import atomic_path
 
 #: File suffixes the folder walkers pick up (libsndfile's formats, mp3 included since 1.1).

@@ -6,15 +6,15 @@ Pipeline (one process encodes, `workers` processes decode):
 
 1. Walk AUDIO_DIR (recursively, sorted) for files with an audio suffix. Files already in the
    manifest with the same size and mtime are skipped (resume); changed ones are reported.
-2. Decode each file to the codec's rate and channels (codec/audio_folder.py). Short files are read
+2. Decode each file to the codec's rate and channels (codec/tokenize/audio_folder.py). Short files are read
    whole by the worker pool; files longer than `STREAM_BLOCK_SECONDS` are streamed block by block
    in the main process (a background thread reads ahead), so memory never depends on a file's length.
-3. Cut every file into *pieces* (codec/pieces.py): the whole file, or chunks of `chunk_seconds`
+3. Cut every file into *pieces* (codec/tokenize/pieces.py): the whole file, or chunks of `chunk_seconds`
    widened by the encoder's exact context, so that the tokens are those of encoding the whole
-   file at once, whatever the chunk size. A Hugging Face codec (codec/hf.py), whose exact context
+   file at once, whatever the chunk size. A Hugging Face codec (codec/hf/adapter.py), whose exact context
    is not known, encodes every file whole and alone (`WholeFilePlan`).
 4. Batch pieces (sorted by length inside a look-ahead buffer) into encoder calls of about
-   `batch_seconds` of audio, zero-padded on the right (exact too: see codec/pieces.py).
+   `batch_seconds` of audio, zero-padded on the right (exact too: see codec/tokenize/pieces.py).
 5. Hand each file's frames, in file order, to a `ShardWriter`, which seals shards atomically.
    A kill at any moment loses at most the unsealed shard; the rerun redoes exactly that, so the
    final folder equals an uninterrupted run's.
@@ -27,7 +27,7 @@ Rows that cannot be attached go to errors.jsonl (`"kind": "metadata"`); a metada
 cannot be parsed stops the run before anything is written. A rerun brings the metadata of files
 already tokenized up to date without re-encoding them. Tokens never depend on metadata.
 
-Many processes and nodes: codec/distributed_tokenize.py runs `tokenize_files` on each rank's share.
+Many processes and nodes: codec/tokenize/distributed.py runs `tokenize_files` on each rank's share.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ import numpy as np
 import torch
 import torch.nn.utils.parametrize
 
-from codec.audio import AUDIO_SUFFIXES, AudioError
-from codec.audio_folder import OrderedDecoder, SourceFile, find_audio_files, stream_blocks
-from codec.model import Codec
-from codec.pieces import Piece, Plan, batches
+from codec.core.audio import AUDIO_SUFFIXES, AudioError
+from codec.tokenize.audio_folder import OrderedDecoder, SourceFile, find_audio_files, stream_blocks
+from codec.core.model import Codec
+from codec.tokenize.pieces import Piece, Plan, batches
 from rvqlm_core.audio_metadata import read_folder_metadata
 from rvqlm_core.shard_writer import ShardWriter, write_errors
 from rvqlm_core.token_shards import DEFAULT_SHARD_FRAMES, ShardEntry

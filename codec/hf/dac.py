@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from codec.hf import HFCodec
+from codec.hf.adapter import HFCodec
 
 
 class DacCodec(HFCodec):

@@ -10,7 +10,7 @@ once, whatever the chunk size. Pieces are encoded in zero-padded batches (`encod
 non-causal codec the last R frames are re-encoded from an unpadded tail piece (`Plan.tail`).
 
 A codec without a known finite receptive field (`tokenizes_whole_files`: the Hugging Face adapters,
-codec/hf.py) gets a `WholeFilePlan` instead: every file is one unpadded piece, encoded alone, so its
+codec/hf/adapter.py) gets a `WholeFilePlan` instead: every file is one unpadded piece, encoded alone, so its
 tokens are the codec's `encode` of the whole file (a long file's blocks are joined in memory first).
 """
 
@@ -23,8 +23,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from codec.audio import AudioError
-from codec.model import Codec
+from codec.core.audio import AudioError
+from codec.core.model import Codec
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""`rvqlm train-source-filter RECIPE`: the source-filter codec (codec.source_filter_parts) trained with
+"""`rvqlm train-source-filter RECIPE`: the source-filter codec (codec.source_filter.parts) trained with
 plain regression, in three resumable steps under the recipe's `run_dir`:
 
-  1. targets/   every training and validation file analysed (codec.world_analysis: Harvest's and pYIN's
+  1. targets/   every training and validation file analysed (codec.source_filter.world_analysis: Harvest's and pYIN's
                 F0, WORLD's mel-cepstrum and coded aperiodicity; one .npz a file, written atomically,
                 skipped once there);
   2. encoder.pt the analysis network trained on them: cross-entropy on the classes of `target_f0`
@@ -30,12 +30,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from codec.audio import load_audio
-from codec.config import CodecConfig
-from codec.model import Codec
-from codec.quantizer import kmeans, nearest_codes
-from codec.source_filter_net import F0_BINS, HOP, SourceFilterNet, class_to_f0, f0_to_continuous_class
-from codec.source_filter_parts import AP_SCALE, LATENT_DIM, pitch_codebook
+from codec.core.audio import load_audio
+from codec.core.config import CodecConfig
+from codec.core.model import Codec
+from codec.core.quantizer import kmeans, nearest_codes
+from codec.source_filter.net import F0_BINS, HOP, SourceFilterNet, class_to_f0, f0_to_continuous_class
+from codec.source_filter.parts import AP_SCALE, LATENT_DIM, pitch_codebook
 from rvqlm_core.atomic import atomic_path
 from rvqlm_core.settings import settings_from_dict
 
@@ -106,7 +106,7 @@ TARGET_FIELDS = ("f0", "f0_pyin", "params")
 
 
 def _analyse(job: tuple[str, str]) -> str | None:
-    from codec.world_analysis import compact_params, harvest_f0, pyin_f0
+    from codec.source_filter.world_analysis import compact_params, harvest_f0, pyin_f0
 
     audio, dest = job
     try:
@@ -156,7 +156,7 @@ def make_targets(recipe: SourceFilterTraining, files: list[Path]) -> None:
 
 def load_items(run_dir: Path, files: list[Path]) -> list[dict]:
     """The analysed files: {wav [S], f0 [T] (`target_f0`), params [T, 26] (aperiodicity / AP_SCALE)}."""
-    from codec.world_analysis import target_f0
+    from codec.source_filter.world_analysis import target_f0
 
     items = []
     for f in files:

@@ -9,7 +9,7 @@ over gloo, env:// rendezvous):
    checks OUT read-only (`check_distributed_folder`); after a barrier rank 0 creates it.
 2. Rank r tokenizes the files whose path hashes to r (`owner`: a hash of the relative path alone,
    so adding files moves none) into its own part folder OUT/parts/worldRRRR-rankrrrr, a complete
-   token folder written by `codec.tokenize.tokenize_files`: the same pieces, batches and
+   token folder written by `codec.tokenize.folder.tokenize_files`: the same pieces, batches and
    ShardWriter as one process, so a file's tokens are the same bit for bit, and a killed rank
    loses at most its unsealed shard.
 3. After a barrier, rank 0 merges the parts into OUT's own manifest.jsonl, shards.jsonl, shards/
@@ -38,9 +38,9 @@ from typing import Mapping
 import torch
 import torch.distributed as dist
 
-from codec.audio_folder import SourceFile
-from codec.model import Codec
-from codec.tokenize import (TokenizeSettings, TokenizeSummary, codec_meta, list_audio_files, read_metadata,
+from codec.tokenize.audio_folder import SourceFile
+from codec.core.model import Codec
+from codec.tokenize.folder import (TokenizeSettings, TokenizeSummary, codec_meta, list_audio_files, read_metadata,
                             tokenize_files, tokenize_plain)
 from rvqlm_core.shard_writer import write_errors
 from rvqlm_core.token_parts import (check_distributed_folder, claim_distributed_folder, done_in_other_parts,

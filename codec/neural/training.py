@@ -24,14 +24,14 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from codec.audio import save_audio
-from codec.data import CodecDataModule
-from codec.discriminator import (CodecDiscriminator, discriminator_hinge_loss, feature_matching_loss,
+from codec.core.audio import save_audio
+from codec.neural.data import CodecDataModule
+from codec.core.discriminator import (CodecDiscriminator, discriminator_hinge_loss, feature_matching_loss,
                                  generator_hinge_loss, load_discriminator)
-from codec.losses import MultiScaleMelLoss, mel_distance, si_sdr, waveform_l1
-from codec.config import CodecConfig
-from codec.model import DISCRIMINATOR_NAME, Codec
-from codec.training_config import Adversarial, CodecSettings, Losses, Optimization, as_settings, settings_dict
+from codec.neural.losses import MultiScaleMelLoss, mel_distance, si_sdr, waveform_l1
+from codec.core.config import CodecConfig
+from codec.core.model import DISCRIMINATOR_NAME, Codec
+from codec.neural.training_config import Adversarial, CodecSettings, Losses, Optimization, as_settings, settings_dict
 from rvqlm_core.rng_state import ResumesRngState
 from rvqlm_core.run_folder import ShortParseErrors
 
@@ -52,7 +52,7 @@ class CodecModule(ResumesRngState, L.LightningModule):
 
     codec: the architecture (a CodecConfig, or its nested settings as recipes (`CodecSettings`) and
     checkpoints (a dict) hold them; None: the defaults, the shipped codec's).
-    losses, adversarial, optim: `codec.training_config.Losses`, `Adversarial`, `Optimization` (or
+    losses, adversarial, optim: `codec.neural.training_config.Losses`, `Adversarial`, `Optimization` (or
     dicts of their fields).
     init_from: a saved codec folder whose weights (codebooks and EMA statistics included) the run
     starts from; the step count and schedule start at 0 (see `_load_initial_weights`).

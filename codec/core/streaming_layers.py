@@ -19,7 +19,7 @@ from einops import rearrange
 from torch import nn
 from torch.nn import functional as F
 
-from codec.modules import ConvNeXtBlock, PaddedConv1d, PaddedConvTranspose1d, ResidualUnit
+from codec.core.modules import ConvNeXtBlock, PaddedConv1d, PaddedConvTranspose1d, ResidualUnit
 
 
 # PyTorch computes the last (numel mod 2 x SIMD width) elements of an elementwise op with scalar

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from codec.streaming_layers import elementwise
+from codec.core.streaming_layers import elementwise
 
 F0_MIN, F0_MAX, F0_BINS = 50.0, 550.0, 256
 
@@ -69,7 +69,7 @@ class _CausalBlock(nn.Module):
     def project(self, h: Tensor) -> Tensor:
         """The 1x1 convolution as a matmul with frames by rows: a long signal's 1x1 Conv1d multiplies with
         frames along columns, which BLAS rounds by how many there are, so a stream's few frames could not
-        follow it (codec.source_filter_parts.SourceFilterEncoderStream); rows of 16 and more round alike."""
+        follow it (codec.source_filter.parts.SourceFilterEncoderStream); rows of 16 and more round alike."""
         return F.linear(h.transpose(1, 2), self.proj.weight[:, :, 0], self.proj.bias).transpose(1, 2)
 
 
@@ -100,7 +100,7 @@ class SourceFilterNet(nn.Module):
 
     def features(self, wav: Tensor, exact: bool = False) -> Tensor:
         """wav [B, 1, S] -> log-magnitude spectra [B, T, 513 + 257], T = ceil(S / 320). `exact`: every value
-        through the SIMD loop, as a long signal's (codec.streaming_layers.elementwise; a stream's few frames)."""
+        through the SIMD loop, as a long signal's (codec.core.streaming_layers.elementwise; a stream's few frames)."""
         x = wav.reshape(wav.shape[0], -1)
         s = x.shape[-1]
         t = -(-s // HOP)

@@ -1,0 +1,1 @@
+"""Tokenizing folders of audio into token shards: one process (folder.py) or many (distributed.py)."""
