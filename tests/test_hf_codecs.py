@@ -272,3 +272,20 @@ def test_fingerprints_cover_what_makes_the_codes(hf_dirs):
     with pytest.raises(ValueError, match="inference only"):
         codec.train()
     assert not codec.eval().model.training
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_is_an_audio_codec_that_says_why_it_cannot_stream(family, hf_dirs):
+    """The adapter is an AudioCodec (codec/core/interface.py); its capabilities are properties, and the
+    streaming codec refuses it with its own `stream_refusal`."""
+    from codec.core.interface import AudioCodec
+    from codec.core.streaming import StreamingDecoder, StreamingEncoder
+
+    codec = load_codec(hf_dirs[family])
+    assert isinstance(codec, AudioCodec) and not codec.can_stream and "cannot stream in rvqlm" in codec.stream_refusal
+    assert codec.frame_span is None and codec.tokenizes_whole_files
+    assert codec.config_dict() == codec.model.config.to_dict()
+    for make in (StreamingEncoder, StreamingDecoder, lambda c: c.streaming_encoder(), lambda c: c.streaming_decoder()):
+        with pytest.raises(ValueError) as refused:
+            make(codec)
+        assert str(refused.value) == codec.stream_refusal

@@ -10,6 +10,7 @@ A saved codec is a folder (`rvqlm_core.persistence`): `config.json` (the nested 
 tensors optionally in half precision) and optionally `discriminator.safetensors`.
 `fingerprint()` is a sha256 of the settings and all weights; `token_fingerprint()` covers only what
 makes and means the tokens (encoder, quantizer, their settings), which files of tokens record.
+`Codec` is an `AudioCodec` (codec.core.interface), as the Hugging Face adapters are.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from codec.core.config import CodecConfig, bitrate_kbps
+from codec.core.config import CodecConfig
 from codec.core.discriminator import save_discriminator
 from codec.core.int8 import int8_decoder_state, to_int8_decoder
+from codec.core.interface import AudioCodec
 from codec.core.parts import build_part
 from codec.core.quantizer import QuantizerOutput, ResidualVectorQuantizer
 from rvqlm_core.int8_linear import float_linear_state
@@ -85,12 +87,8 @@ class CodecOutput:
     quantizer: QuantizerOutput
 
 
-class Codec(nn.Module):
+class Codec(AudioCodec):
     """Encoder + residual vector quantizer + decoder. See the module docstring for the API."""
-
-    #: `rvqlm tokenize` may cut long files into chunks widened by the exact `frame_span` (codec/tokenize/pieces.py);
-    #: codecs without a known finite receptive field (the Hugging Face adapters, codec/hf/adapter.py) say True.
-    tokenizes_whole_files = False
 
     def __init__(self, config: CodecConfig | None = None):
         super().__init__()
@@ -142,19 +140,24 @@ class Codec(nn.Module):
         """(lo, hi): frame t's codes depend exactly on samples t * hop + lo ... t * hop + hi (lo <= 0).
 
         -lo samples of past context, hi - hop + 1 of look-ahead (0 when causal). Anything outside
-        is zero padding at the signal's edges.
+        is zero padding at the signal's edges. Known, so `rvqlm tokenize` may cut long files into
+        chunks widened by it (codec/tokenize/pieces.py).
         """
         return self.encoder.frame_span()
+
+    @property
+    def stream_refusal(self) -> str | None:
+        """None for a causal codec; a codec that pads on both sides looks ahead and cannot stream."""
+        if self.causal:
+            return None
+        return ("streaming needs a causal codec (config \"causal\": true); this one pads on both sides, "
+                "so its frames look ahead")
 
     @property
     def receptive_field(self) -> int:
         """How many input samples one frame's codes depend on (past context + the frame + look-ahead)."""
         lo, hi = self.frame_span
         return hi - lo + 1
-
-    def bitrate_kbps(self, n_q: float | None = None) -> float:
-        """Bitrate with n_q (default N_c) codebooks; n_q may be a mean over examples."""
-        return bitrate_kbps(self.frame_rate, self.n_codebooks if n_q is None else n_q, self.codebook_size)
 
     # ------------------------------------------------------------------ training path
 
@@ -216,6 +219,10 @@ class Codec(nn.Module):
 
     # ------------------------------------------------------------------ fingerprints and persistence
 
+    def config_dict(self) -> dict[str, Any]:
+        """The nested `CodecConfig` as JSON holds it."""
+        return self.config.to_dict()
+
     @staticmethod
     def _hash(settings: dict[str, Any], state: dict[str, torch.Tensor]) -> str:
         return weights_hash(settings, state)
@@ -230,11 +237,6 @@ class Codec(nn.Module):
         decoder's, and the encoder and quantizer tensors. A decoder-only fine-tune keeps it."""
         state = {k: v for k, v in self.state_dict().items() if not _is_decoder(k)}
         return self._hash(self.config.token_settings(), state)
-
-    def accepts_tokens(self, fingerprint: str | None) -> bool:
-        """Whether tokens recorded with `fingerprint` (a `.rvq` header, a token folder, an LM's config)
-        are this codec's: it is this codec's token fingerprint."""
-        return fingerprint is not None and fingerprint == self.token_fingerprint()
 
     def save_pretrained(self, path: str | os.PathLike, discriminator: nn.Module | None = None,
                         decoder_dtype: torch.dtype | str | None = None) -> Path:

@@ -27,8 +27,8 @@ itself (`streaming_step`, codec.core.parts); a decoder's audio may lag its frame
 0 for SEANet, n_fft / 2 for the iSTFT decoder's overlap-add), so an input sample comes back at most
 hop_length + lookahead_samples samples later (`latency_samples`), plus compute time.
 
-Only causal codecs (config `causal: true`) stream; a step object snapshots the codec's weights
-when it is built.
+Only causal codecs (config `causal: true`) stream (`AudioCodec.can_stream`; `stream_refusal` says why
+not); a step object snapshots the codec's weights when it is built.
 """
 
 from __future__ import annotations
@@ -40,13 +40,9 @@ import torch
 from einops import rearrange
 
 
-def _check_causal(codec) -> None:
-    refusal = getattr(codec, "stream_refusal", None)  # a Hugging Face codec (codec.hf.adapter) says why not itself
-    if refusal is not None:
-        raise ValueError(refusal)
-    if not codec.causal:
-        raise ValueError("streaming needs a causal codec (config \"causal\": true); this one pads on both sides, "
-                         "so its frames look ahead")
+def _check_can_stream(codec) -> None:
+    if not codec.can_stream:
+        raise ValueError(codec.stream_refusal)
 
 
 def _batch_check(batch: int | None, x: torch.Tensor, what: str) -> int:
@@ -104,7 +100,7 @@ class StreamingEncoder:
     """
 
     def __init__(self, codec, n_q: int | None = None):
-        _check_causal(codec)
+        _check_can_stream(codec)
         self.codec, self.n_q = codec, codec.quantizer._check_n_q(n_q)
         with torch.no_grad():
             self.chain = codec.encoder.streaming_step()
@@ -152,7 +148,7 @@ class StreamingDecoder:
     """
 
     def __init__(self, codec, exact: bool = False):
-        _check_causal(codec)
+        _check_can_stream(codec)
         self.codec, self.exact = codec, exact
         with torch.no_grad():
             self.stream = codec.decoder.streaming_step(exact)

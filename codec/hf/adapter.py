@@ -5,9 +5,8 @@
     wav = codec.decode(codes[:, :k])           # codes [B, k, T], 1 <= k <= N_c -> [B, C, T * hop]
 
 `HFCodec` wraps the library's own model (`EncodecModel`, `DacModel`, `MimiModel`; the optional extra
-`pip install -e '.[hf]'`) and offers what the rest of rvqlm uses of `codec.core.model.Codec`: sample_rate,
-channels, hop_length, frame_rate, n_codebooks, codebook_size, fingerprint(), token_fingerprint(),
-accepts_tokens(), bitrate_kbps(), encode / decode of the first k codebooks. One module per family
+`pip install -e '.[hf]'`) as an `AudioCodec` (codec.core.interface), the interface of rvqlm's own
+`codec.core.model.Codec`: encode / decode of the first k codebooks, fingerprints. One module per family
 (codec/hf/encodec.py, codec/hf/dac.py, codec/hf/mimi.py) says how its model is called.
 
 Fingerprints: `token_fingerprint()` is a sha256 (`codec.core.model.weights_hash`) of the family, the config
@@ -16,23 +15,22 @@ fields that decide the codes (the family's TOKEN_KEYS) and the tensors of the en
 token fingerprint as for rvqlm's own codec, so an LM of Mimi tokens refuses EnCodec.
 
 Tokenizing: the receptive field of these encoders is not known exactly (Mimi's has a transformer), so
-`rvqlm tokenize` encodes every file whole, alone in its call (`tokenizes_whole_files`): the codes are
-the model's `encode` of the file, bit for bit; a file must fit in memory. No streaming (`--stream` is
-refused in one line).
+`rvqlm tokenize` encodes every file whole, alone in its call (`frame_span` is None, so `tokenizes_whole_files`):
+the codes are the model's `encode` of the file, bit for bit; a file must fit in memory. No streaming
+(`stream_refusal` says why; `--stream` is refused in one line).
 """
 
 from __future__ import annotations
 
 import json
-import math
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from codec.core.config import bitrate_kbps
+from codec.core.interface import AudioCodec
 from codec.core.model import check_wav, weights_hash
 
 #: config.json `model_type` -> the module of its adapter.
@@ -121,7 +119,7 @@ def check_loading_info(path: str | Path, info: dict[str, Any]) -> None:
             raise ValueError(f"{path} {what} ({shown}): not the folder save_pretrained wrote; fetch it again")
 
 
-class HFCodec(nn.Module, ABC):
+class HFCodec(AudioCodec):
     """A transformers codec model behind rvqlm's codec interface (module docstring). Subclasses, one a
     family, set `family`, `model_class`, TOKEN_KEYS, DECODER_PREFIXES and implement `_encode`, `_decode`."""
 
@@ -131,7 +129,6 @@ class HFCodec(nn.Module, ABC):
     TOKEN_KEYS: tuple[str, ...] = ()
     #: state-dict prefixes of the parts that only turn codes into audio (left out of the token fingerprint)
     DECODER_PREFIXES: tuple[str, ...] = ("decoder.",)
-    tokenizes_whole_files = True
 
     def __init__(self, model: nn.Module, source: str = "<model>"):
         super().__init__()
@@ -158,15 +155,11 @@ class HFCodec(nn.Module, ABC):
     def _decode(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, k, T] -> audio [B, C, S'] as the model's decode gives it (S' about T * hop)."""
 
-    def frames_for(self, samples: int) -> int:
-        """Frames `encode` makes of `samples` samples: ceil(samples / hop) for the three families."""
-        return math.ceil(samples / self.hop_length)
-
     # ------------------------------------------------------------------ the interface
 
     @property
     def config(self):
-        """The transformers config (its `to_dict()` goes to a token folder's codec.json)."""
+        """The transformers config (`config_dict()` is its `to_dict()`)."""
         return self.model.config
 
     @property
@@ -206,8 +199,10 @@ class HFCodec(nn.Module, ABC):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def bitrate_kbps(self, n_q: float | None = None) -> float:
-        return bitrate_kbps(self.frame_rate, self.n_codebooks if n_q is None else n_q, self.codebook_size)
+    @property
+    def frame_span(self) -> None:
+        """Not known exactly (Mimi's encoder has a transformer): `rvqlm tokenize` encodes files whole."""
+        return None
 
     def check_n_q(self, n_q: int | None) -> int:
         n_q = self.n_codebooks if n_q is None else n_q
@@ -259,6 +254,10 @@ class HFCodec(nn.Module, ABC):
 
     # ------------------------------------------------------------------ fingerprints
 
+    def config_dict(self) -> dict[str, Any]:
+        """The transformers config's `to_dict()`."""
+        return self.model.config.to_dict()
+
     def token_settings(self) -> dict[str, Any]:
         config = self.model.config
         return {"family": self.family, **{k: _plain(getattr(config, k, None)) for k in self.TOKEN_KEYS}}
@@ -277,10 +276,6 @@ class HFCodec(nn.Module, ABC):
         encoder's and quantizer's tensors (every tensor but the DECODER_PREFIXES ones)."""
         state = {k: v for k, v in self._state().items() if not k.startswith(self.DECODER_PREFIXES)}
         return weights_hash(self.token_settings(), state)
-
-    def accepts_tokens(self, fingerprint: str | None) -> bool:
-        """Whether tokens recorded with `fingerprint` are this codec's."""
-        return fingerprint is not None and fingerprint == self.token_fingerprint()
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.family}: {self.sample_rate} Hz, {self.channels} channel(s), {self.frame_rate} frames/s, "

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from codec.tokenize.audio_folder import SourceFile
-from codec.core.model import Codec
+from codec.core.interface import AudioCodec
 from codec.tokenize.folder import (TokenizeSettings, TokenizeSummary, codec_meta, list_audio_files, read_metadata,
                             tokenize_files, tokenize_plain)
 from rvqlm_core.shard_writer import write_errors
@@ -117,7 +117,7 @@ class Group:
             self.owned = False
 
 
-def tokenize(audio_dir: str | os.PathLike, out_dir: str | os.PathLike, codec: Codec, settings: TokenizeSettings,
+def tokenize(audio_dir: str | os.PathLike, out_dir: str | os.PathLike, codec: AudioCodec, settings: TokenizeSettings,
              launch: Launch | None = None) -> TokenizeSummary:
     """`rvqlm tokenize`: one process into a plain token folder, or (under torchrun, or continuing a
     folder that has parts) this rank's share, merged by rank 0. Every rank returns the run's totals;
@@ -132,7 +132,7 @@ def tokenize(audio_dir: str | os.PathLike, out_dir: str | os.PathLike, codec: Co
         group.close()
 
 
-def tokenize_distributed(audio_dir: str | os.PathLike, out_dir: str | os.PathLike, codec: Codec,
+def tokenize_distributed(audio_dir: str | os.PathLike, out_dir: str | os.PathLike, codec: AudioCodec,
                          settings: TokenizeSettings, launch: Launch, group: Group) -> TokenizeSummary:
     """Steps 1-3 of the module docstring on this rank."""
     t0 = time.perf_counter()
@@ -161,7 +161,7 @@ def tokenize_distributed(audio_dir: str | os.PathLike, out_dir: str | os.PathLik
     return summary
 
 
-def tokenize_share(out: Path, files: list[SourceFile], codec: Codec, metadata: Mapping[str, dict],
+def tokenize_share(out: Path, files: list[SourceFile], codec: AudioCodec, metadata: Mapping[str, dict],
                    settings: TokenizeSettings, rank: int, world: int, *, t0: float | None = None) -> TokenizeSummary:
     """Tokenize the files `owner` gives `rank` into its part folder (created or resumed), skipping
     files that parts of other rank counts hold; writes the part's errors.jsonl. OUT must be claimed."""

@@ -44,7 +44,7 @@ import torch.nn.utils.parametrize
 
 from codec.core.audio import AUDIO_SUFFIXES, AudioError
 from codec.tokenize.audio_folder import OrderedDecoder, SourceFile, find_audio_files, stream_blocks
-from codec.core.model import Codec
+from codec.core.interface import AudioCodec
 from codec.tokenize.pieces import Piece, Plan, batches
 from rvqlm_core.audio_metadata import read_folder_metadata
 from rvqlm_core.shard_writer import ShardWriter, write_errors
@@ -114,18 +114,18 @@ class _FileState:
     begun: bool = False
 
 
-def codec_meta(codec: Codec) -> dict[str, Any]:
+def codec_meta(codec: AudioCodec) -> dict[str, Any]:
     """What codec.json records about a codec: its token fingerprint (what decides and means the token
     ids; a decoder-only fine-tune keeps it), plus the layout and the full config."""
     return {"fingerprint": codec.token_fingerprint(), "n_codebooks": codec.n_codebooks,
             "codebook_size": codec.codebook_size, "frame_rate": float(codec.frame_rate),
-            "sample_rate": codec.sample_rate, "codec_config": codec.config.to_dict()}
+            "sample_rate": codec.sample_rate, "codec_config": codec.config_dict()}
 
 
 def tokenize_folder(
     audio_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
-    codec: Codec,
+    codec: AudioCodec,
     *,
     workers: int = 1,
     batch_seconds: float = 20.0,
@@ -143,7 +143,7 @@ def tokenize_folder(
     return tokenize_plain(audio_dir, out_dir, codec, settings, on_progress)
 
 
-def tokenize_plain(audio_dir: str | os.PathLike, out_dir: str | os.PathLike, codec: Codec, settings: TokenizeSettings,
+def tokenize_plain(audio_dir: str | os.PathLike, out_dir: str | os.PathLike, codec: AudioCodec, settings: TokenizeSettings,
                    on_progress: Callable[[TokenizeSummary], None] | None = None) -> TokenizeSummary:
     """`tokenize_folder` with its settings in one object."""
     t0 = time.perf_counter()
@@ -173,7 +173,7 @@ def read_metadata(audio_dir, files: list[SourceFile], out: Path, summary: Tokeni
     return {f.rel: found.by_path.get(f.rel, {}) for f in files}
 
 
-def tokenize_files(out: Path, files: list[SourceFile], codec: Codec, metadata: Mapping[str, dict],
+def tokenize_files(out: Path, files: list[SourceFile], codec: AudioCodec, metadata: Mapping[str, dict],
                    summary: TokenizeSummary, settings: TokenizeSettings, *,
                    done_elsewhere: Mapping[str, ShardEntry] | None = None,
                    on_progress: Callable[[TokenizeSummary], None] | None = None, t0: float | None = None) -> None:
@@ -224,7 +224,7 @@ def _todo(files: list[SourceFile], done: Mapping[str, ShardEntry], summary: Toke
 class _Run:
     """The state of one tokenize run: decoded pieces -> batches -> codes -> files in order."""
 
-    def __init__(self, codec: Codec, plan: Plan, writer: ShardWriter, todo: list[SourceFile],
+    def __init__(self, codec: AudioCodec, plan: Plan, writer: ShardWriter, todo: list[SourceFile],
                  metadata: Mapping[str, dict], summary: TokenizeSummary, settings: TokenizeSettings,
                  on_progress, t0: float):
         self.codec, self.plan, self.writer, self.summary = codec, plan, writer, summary

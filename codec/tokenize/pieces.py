@@ -2,15 +2,15 @@
 
 A file of T frames (`S` samples zero-padded to `T * hop`) is one piece if T <= `chunk_frames`, else
 consecutive chunks of `chunk_frames` core frames, each widened by the encoder's exact context
-(`Codec.frame_span`): L frames of past and R frames of look-ahead. A frame is kept only from a
+(`AudioCodec.frame_span`): L frames of past and R frames of look-ahead. A frame is kept only from a
 piece in which its whole receptive field is real signal (or the file's true edge, where the
 full-file encode sees zero padding too), so the tokens are those of encoding the whole file at
 once, whatever the chunk size. Pieces are encoded in zero-padded batches (`encode_pieces`,
 `batches`); frames near a file's true end in a padded batch would see the batch padding, so for a
 non-causal codec the last R frames are re-encoded from an unpadded tail piece (`Plan.tail`).
 
-A codec without a known finite receptive field (`tokenizes_whole_files`: the Hugging Face adapters,
-codec/hf/adapter.py) gets a `WholeFilePlan` instead: every file is one unpadded piece, encoded alone, so its
+A codec without a known finite receptive field (`frame_span` None, `tokenizes_whole_files`: the
+Hugging Face adapters, codec/hf/adapter.py) gets a `WholeFilePlan` instead: every file is one unpadded piece, encoded alone, so its
 tokens are the codec's `encode` of the whole file (a long file's blocks are joined in memory first).
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from codec.core.audio import AudioError
-from codec.core.model import Codec
+from codec.core.interface import AudioCodec
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Plan:
     chunk_frames: int
 
     @classmethod
-    def for_codec(cls, codec: Codec, chunk_seconds: float) -> "Plan | WholeFilePlan":
+    def for_codec(cls, codec: AudioCodec, chunk_seconds: float) -> "Plan | WholeFilePlan":
         if codec.tokenizes_whole_files:
             return WholeFilePlan(hop=codec.hop_length, frames_for=codec.frames_for)
         lo, hi = codec.frame_span
@@ -70,7 +70,7 @@ class Plan:
         """Frames of a file of `samples` samples: ceil(samples / hop)."""
         return math.ceil(samples / self.hop)
 
-    def encode(self, codec: Codec, pieces: list[Piece]) -> list[tuple[Piece, np.ndarray]]:
+    def encode(self, codec: AudioCodec, pieces: list[Piece]) -> list[tuple[Piece, np.ndarray]]:
         """`encode_pieces` of one batch."""
         return encode_pieces(codec, pieces, self)
 
@@ -154,7 +154,7 @@ class WholeFilePlan:
         return out
 
 
-def encode_pieces(codec: Codec, pieces: list[Piece], plan: Plan) -> list[tuple[Piece, np.ndarray]]:
+def encode_pieces(codec: AudioCodec, pieces: list[Piece], plan: Plan) -> list[tuple[Piece, np.ndarray]]:
     """Encode pieces in one zero-padded batch -> [(piece, codes [keep_hi - keep_lo, N_c])].
 
     End pieces shorter than the batch lose their last R frames here; the caller re-encodes those

@@ -161,7 +161,7 @@ def _reconstruct_streaming(args: argparse.Namespace, codec, n_q: int) -> float:
     from codec.core.audio import FullScale, audio_info, audio_writer, iter_audio_blocks
     from codec.core.streaming import rechunk, stream_chunks
 
-    if getattr(codec, "stream_refusal", None):
+    if not codec.can_stream:
         raise ValueError(codec.stream_refusal)
     if not (math.isfinite(args.chunk_ms) and round(args.chunk_ms * codec.sample_rate / 1000) >= 1):
         raise ValueError(f"--chunk-ms must be at least one sample ({1000 / codec.sample_rate:.3f} ms), "

@@ -246,7 +246,7 @@ def _generate(args: argparse.Namespace) -> int:
     options = family_options(args, lm_model)
     codec = load_codec(args.codec, map_location=args.device)
     check_pair(lm_model, codec)
-    if args.stream and getattr(codec, "stream_refusal", None):
+    if args.stream and not codec.can_stream:
         raise ValueError(codec.stream_refusal)
     if args.stream:
         from rvqlm.commands.stream_generate import generate_streaming
