@@ -56,7 +56,7 @@ def time_codec_steps(config: CodecConfig, wav: torch.Tensor, steps: int, device:
 def time_discriminator(wav: torch.Tensor, steps: int, **settings) -> list[float]:
     """One discriminator update and one generator-side pass (hinge + feature matching), as in training."""
     from codec.core.discriminator import (CodecDiscriminator, discriminator_hinge_loss, feature_matching_loss,
-                                     generator_hinge_loss)
+                                          generator_hinge_loss)
     disc = CodecDiscriminator(channels=wav.shape[1], **settings)
     fake = (torch.randn_like(wav) * 0.1).requires_grad_()
     times = []

@@ -74,8 +74,8 @@ os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")  # as `rvqlm token
 
 def main():  # spawned decoding workers import this file: only run it as the script
     import torch
-    from codec.tokenize.distributed import Launch, tokenize
     from codec.loading import load_codec
+    from codec.tokenize.distributed import Launch, tokenize
     from codec.tokenize.folder import TokenizeSettings
     launch = Launch.from_env()
     if {threads!r}:
@@ -190,8 +190,8 @@ def main() -> None:
         args.threads = max(1, (os.cpu_count() or 1) - args.workers)
 
     from codec.core.config import CodecConfig
-    from codec.loading import load_codec
     from codec.core.model import Codec
+    from codec.loading import load_codec
     from rvqlm.corpora.fillets import prepare_corpus
 
     if args.hf and args.codec:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from codec.source_filter.world_analysis import (WORLD_F0_RANGE, WORLD_FRAME_MS, WORLD_MCEP_ALPHA, WORLD_MCEP_ORDER,  # noqa: F401
-                                  compact_params, harvest_f0)
+from codec.source_filter.world_analysis import (WORLD_F0_RANGE, WORLD_FRAME_MS,  # noqa: F401
+                                                WORLD_MCEP_ALPHA, WORLD_MCEP_ORDER, compact_params, harvest_f0)
 from rvqlm.quality.roundtrips import Roundtrip
 
 WORLD_F0_BITS = 6

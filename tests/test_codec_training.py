@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from codec import Codec, CodecConfig
-from codec.neural.data import CodecDataModule, FixedCropDataset, RandomCropDataset
 from codec.core.discriminator import load_discriminator
+from codec.neural.data import CodecDataModule, FixedCropDataset, RandomCropDataset
 from codec.neural.losses import MultiScaleMelLoss, fit_n_mels, si_sdr
 from codec.neural.training import CodecModule
 from codec.neural.training_config import Losses, Optimization

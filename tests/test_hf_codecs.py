@@ -23,9 +23,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from codec.core.audio import iter_audio_blocks, load_audio, save_audio  # noqa: E402
-from codec.tokenize.audio_folder import STREAM_BLOCK_SECONDS  # noqa: E402
-from codec.loading import load_codec  # noqa: E402
 from codec.core.rvq_file import read_rvq  # noqa: E402
+from codec.loading import load_codec  # noqa: E402
+from codec.tokenize.audio_folder import STREAM_BLOCK_SECONDS  # noqa: E402
 from rvqlm.cli import main  # noqa: E402
 from rvqlm_core.token_shards import TokenShards  # noqa: E402
 

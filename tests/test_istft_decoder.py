@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from codec import Codec, CodecConfig
-from codec.neural.istft_decoder import ISTFTDecoder
 from codec.core.modules import ConvNeXtBlock
+from codec.neural.istft_decoder import ISTFTDecoder
 
 TINY = CodecConfig.from_dict(dict(latent_dim=8, encoder=dict(channels=2, dilations=(1,)),
                                   quantizer=dict(n_codebooks=3, codebook_size=16, kmeans_iters=2),

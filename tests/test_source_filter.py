@@ -16,10 +16,10 @@ from codec import Codec, CodecConfig
 from codec.core.audio import load_audio
 from codec.source_filter.net import F0_BINS, class_to_f0, f0_to_class
 from codec.source_filter.synthesis import (SourceFilterSynth, SynthStream, aperiodicity_db, cheaptrick, mcep_fit_matrix,
-                                 mcep_matrix)
+                                           mcep_matrix)
+from codec.core.streaming import stream_roundtrip
 from codec.source_filter.parts import LATENT_DIM, f0_of_pitch, pitch_codebook, pitch_of_class
 from codec.source_filter.training import fit_quantizer
-from codec.core.streaming import stream_roundtrip
 from rvqlm.cli import main
 from rvqlm_core.token_shards import TokenShards
 

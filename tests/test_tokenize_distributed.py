@@ -23,7 +23,7 @@ import pytest
 
 from codec.tokenize.distributed import Launch, owner, tokenize, tokenize_share
 from codec.tokenize.folder import (TokenizeSettings, TokenizeSummary, codec_meta, list_audio_files, read_metadata,
-                            tokenize_folder)
+                                   tokenize_folder)
 from rvqlm_core.folder_lock import LOCK_FILE, folder_lock
 from rvqlm_core.shard_writer import ShardWriter, write_token_corpus
 from rvqlm_core.token_parts import check_distributed_folder, claim_distributed_folder, merge_parts, part_name

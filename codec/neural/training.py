@@ -27,10 +27,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from codec.core.audio import save_audio
 from codec.neural.data import CodecDataModule
 from codec.core.discriminator import (CodecDiscriminator, discriminator_hinge_loss, feature_matching_loss,
-                                 generator_hinge_loss, load_discriminator)
-from codec.neural.losses import MultiScaleMelLoss, mel_distance, si_sdr, waveform_l1
+                                      generator_hinge_loss, load_discriminator)
 from codec.core.config import CodecConfig
 from codec.core.model import DISCRIMINATOR_NAME, Codec
+from codec.neural.losses import MultiScaleMelLoss, mel_distance, si_sdr, waveform_l1
 from codec.neural.training_config import Adversarial, CodecSettings, Losses, Optimization, as_settings, settings_dict
 from rvqlm_core.rng_state import ResumesRngState
 from rvqlm_core.run_folder import ShortParseErrors

@@ -27,7 +27,7 @@ from codec.core.config import positive_ints
 from codec.core.parts import register_part
 from codec.source_filter.net import F0_BINS, F0_MIN, HOP, LEFT_PAD, SourceFilterNet, class_to_f0
 from codec.source_filter.synthesis import (ANALYSIS_HALF_WINDOW, MCEP_ORDER, SourceFilterSynth, SynthStream, cheaptrick,
-                                 mcep_fit_matrix)
+                                           mcep_fit_matrix)
 from codec.core.streaming_layers import ConvStep, elementwise, framewise, padding_frames
 
 PARAMS = MCEP_ORDER + 2  # mel-cepstrum and one aperiodicity band a frame

@@ -38,10 +38,10 @@ from typing import Mapping
 import torch
 import torch.distributed as dist
 
-from codec.tokenize.audio_folder import SourceFile
 from codec.core.interface import AudioCodec
+from codec.tokenize.audio_folder import SourceFile
 from codec.tokenize.folder import (TokenizeSettings, TokenizeSummary, codec_meta, list_audio_files, read_metadata,
-                            tokenize_files, tokenize_plain)
+                                   tokenize_files, tokenize_plain)
 from rvqlm_core.shard_writer import write_errors
 from rvqlm_core.token_parts import (check_distributed_folder, claim_distributed_folder, done_in_other_parts,
                                     merge_parts, part_name)

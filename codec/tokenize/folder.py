@@ -43,8 +43,8 @@ import torch
 import torch.nn.utils.parametrize
 
 from codec.core.audio import AUDIO_SUFFIXES, AudioError
-from codec.tokenize.audio_folder import OrderedDecoder, SourceFile, find_audio_files, stream_blocks
 from codec.core.interface import AudioCodec
+from codec.tokenize.audio_folder import OrderedDecoder, SourceFile, find_audio_files, stream_blocks
 from codec.tokenize.pieces import Piece, Plan, batches
 from rvqlm_core.audio_metadata import read_folder_metadata
 from rvqlm_core.shard_writer import ShardWriter, write_errors

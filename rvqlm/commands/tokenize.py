@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
     import torch
 
-    from codec.tokenize.distributed import Launch, tokenize
     from codec.loading import load_codec
+    from codec.tokenize.distributed import Launch, tokenize
     from codec.tokenize.folder import TokenizeSettings
     from pathlib import Path
 
