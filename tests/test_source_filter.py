@@ -14,11 +14,12 @@ import torch
 
 from codec import Codec, CodecConfig
 from codec.core.audio import load_audio
-from codec.source_filter.net import F0_BINS, class_to_f0, f0_to_class
-from codec.source_filter.synthesis import (SourceFilterSynth, SynthStream, aperiodicity_db, cheaptrick, mcep_fit_matrix,
-                                           mcep_matrix)
 from codec.core.streaming import stream_roundtrip
-from codec.source_filter.parts import LATENT_DIM, f0_of_pitch, pitch_codebook, pitch_of_class
+from codec.source_filter.net import F0_BINS, class_to_f0, f0_to_class
+from codec.source_filter.parts import (HALF, LATENT_DIM, f0_of_pitch, latent_dim, mid_f0, pitch_codebook,
+                                       pitch_of_class)
+from codec.source_filter.synthesis import (SourceFilterSynth, SynthStream, aperiodicity_db, cheaptrick,
+                                           mcep_fit_matrix, mcep_matrix)
 from codec.source_filter.training import fit_quantizer
 from rvqlm.cli import main
 from rvqlm_core.token_shards import TokenShards
@@ -26,12 +27,13 @@ from rvqlm_core.token_shards import TokenShards
 SR, HOP = 16000, 320
 
 
-def _config(**decoder) -> CodecConfig:
-    return CodecConfig.from_dict({"latent_dim": LATENT_DIM, "encoder": {"kind": "source_filter", "width": 32,
-                                                                        "layers": 2},
+def _config(envelopes: int = 1, **decoder) -> CodecConfig:
+    more = {"envelopes": envelopes} if envelopes != 1 else {}
+    return CodecConfig.from_dict({"latent_dim": latent_dim(envelopes),
+                                  "encoder": {"kind": "source_filter", "width": 32, "layers": 2, **more},
                                   "quantizer": {"n_codebooks": 4, "codebook_size": 300, "kmeans_init": False,
                                                 "dropout": 0.0},
-                                  "decoder": {"kind": "source_filter", **decoder}})
+                                  "decoder": {"kind": "source_filter", **more, **decoder}})
 
 
 def _track(frames: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -126,11 +128,12 @@ def test_the_first_codebook_is_the_f0_stream():
     assert torch.equal(q.encode(latent.T[None], n_q=1)[0, 0], cls)
 
 
-@pytest.fixture(scope="module")
-def sf_codec(speech_files, tmp_path_factory) -> Path:
-    """A small source-filter codec: random analysis network, quantizer fitted on two real files."""
+@pytest.fixture(scope="module", params=[1, 2], ids=["20ms", "10ms"])
+def sf_codec(request, speech_files, tmp_path_factory) -> Path:
+    """A small source-filter codec, one and two envelopes a frame: random analysis network, quantizer
+    fitted on two real files."""
     torch.manual_seed(0)
-    codec = Codec(_config()).eval()
+    codec = Codec(_config(request.param)).eval()
     items = [{"wav": load_audio(f, SR, 1)[0]} for f in speech_files["train"][:2]]
     fit_quantizer(codec, items, frames=20000, iters=2, seed=0)
     return codec.save_pretrained(tmp_path_factory.mktemp("sf") / "codec", decoder_dtype="float16")
@@ -202,6 +205,36 @@ def test_the_f0_target_keeps_harvests_voicing_and_values_in_pyins_octave():
     harvest = np.array([0.0, 100.0, 200.0, 210.0, 90.0, 0.0])
     pyin = np.array([150.0, 0.0, 101.0, 220.0, 370.0, 0.0])
     np.testing.assert_allclose(target_f0(harvest, pyin), [0.0, 100.0, 100.0, 210.0, 360.0, 0.0])
+
+
+def test_two_envelopes_a_frame_decode_to_the_measured_envelopes_every_10_ms(speech_files):
+    """Issue 48: a frame carries its centre envelope and the one 10 ms before it, as the residual from the
+    mean of the centre envelopes around it; the decoder's 10 ms frames are those envelopes, measured at
+    their own F0, and a codec saved with one envelope a frame keeps its config.json and fingerprints."""
+    torch.manual_seed(0)
+    codec = Codec(_config(2)).eval()
+    wav = load_audio(speech_files["valid"][0], SR, 1)[None, :, : 2 * SR]
+    with torch.no_grad():
+        z = codec.encoder(wav)  # [1, 52, T]
+        logits, _ = codec.encoder.net(wav)
+        from codec.source_filter.parts import voiced_class
+        f0 = class_to_f0(voiced_class(logits.transpose(1, 2)))
+        centre = codec.encoder.envelope(wav, f0)[0]  # [T, 25]
+        mid = codec.encoder.envelope(wav, mid_f0(f0), HALF)[0]
+    f0s, mceps, aps = codec.decoder.parameters_of(z[0])
+    T = z.shape[-1]
+    assert z.shape[1] == 52 and mceps.shape == (2 * T - 1, 25) and f0s.shape == aps.shape == (2 * T - 1,)
+    torch.testing.assert_close(mceps[0::2], centre, atol=1e-4, rtol=0)
+    torch.testing.assert_close(mceps[1::2], mid[1:], atol=1e-4, rtol=0)
+    torch.testing.assert_close(f0s[1::2], mid_f0(f0[0].double())[1:], rtol=1e-5, atol=0)
+    assert codec.decoder(z).shape == (1, 1, T * HOP)
+    assert "envelopes" not in _config(1).to_dict()["encoder"] and _config(2).to_dict()["decoder"]["envelopes"] == 2
+
+
+def test_the_f0_half_a_frame_before_is_the_geometric_mean_where_both_are_voiced():
+    f0 = torch.tensor([100.0, 400.0, 0.0, 150.0])
+    torch.testing.assert_close(mid_f0(f0), torch.tensor([100.0, 200.0, 0.0, 0.0]))
+    torch.testing.assert_close(mid_f0(f0, torch.tensor(25.0)), torch.tensor([50.0, 200.0, 0.0, 0.0]))
 
 
 def test_the_parts_refuse_another_frame_grid():

@@ -80,6 +80,10 @@ def packs(tmp_path_factory, speech_files) -> Path:
 
 
 def test_test_speakers_are_never_trained_or_validated_on(sounds, packs):
+    """Issue 48: the one man of the asterisk prompts, it-IT Carlo, is a test speaker (the codec's men's
+    condition), beside the three women of the foreign-speaker set."""
+    assert [s for s, (_, role) in SPEAKERS.items() if role == "test"] == [
+        "it_IT_m_Carlo", "ru_RU_f_IvrvoiceRU", "en_US_f_Allison", "es_MX_f_Allison"]
     files = list_voice_files(sounds, packs)
     assert files == list_voice_files(sounds, packs)  # deterministic
     assert not any("/silence/" in f.relpath for f in files)
@@ -136,10 +140,10 @@ def test_prepare_decodes_both_sources_into_the_corpus_layout(sounds, packs, tmp_
     assert any("too short" in s["reason"] for s in meta["skipped"]) and any("silent" in s["reason"]
                                                                           for s in meta["skipped"])
     test = corpus_files(out, "test")
-    assert len(test) == 3 * 12 and all(p.is_file() for p in test)
+    assert len(test) == 4 * 12 and all(p.is_file() for p in test)  # three women and it-IT Carlo (version 4)
     assert {p.relative_to(out).parts[1] for p in test} == {s for s, (_, r) in SPEAKERS.items() if r == "test"}
     trained = corpus_files(out, "train") + corpus_files(out, "valid")
-    assert len(trained) == 2 * 12 + 2 * len(VOICE_PACKS) + 1  # + Classic/Hello
+    assert len(trained) == 12 + 2 * len(VOICE_PACKS) + 1  # fr-CA June, the packs, + Classic/Hello
     # decoded G.722 is the speech it encoded (lossy, but close): same length, high correlation
     decoded, rate = sf.read(out / "test" / "ru_RU_f_IvrvoiceRU" / "prompt-1.wav")
     original, _ = sf.read(speech_files["valid"][(12 * 2 + 1) % len(speech_files["valid"])])

@@ -148,9 +148,21 @@ class CodecConfig:
         return cls.from_dict(nested_from_flat(d, source), source=source)
 
 
+ADDED_LATER = "added_later"  # field metadata: a setting left out of the JSON (and so of the fingerprints) at its default
+
+
+def added_later(default: Any) -> Any:
+    """A part setting added after codecs were saved without it: at its default it is not written, so a
+    codec saved before it keeps its config.json and fingerprints."""
+    return dataclasses.field(default=default, metadata={ADDED_LATER: True})
+
+
 def part_dict(part: Any) -> dict[str, Any]:
-    """A part config as JSON: {"kind": ..., its fields}, tuples as lists."""
-    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(part).items()}
+    """A part config as JSON: {"kind": ..., its fields}, tuples as lists; an `added_later` field at its
+    default is left out."""
+    fields = {f.name: getattr(part, f.name) for f in dataclasses.fields(part)
+              if not (f.metadata.get(ADDED_LATER) and getattr(part, f.name) == f.default)}
+    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
     return {"kind": part.kind, **fields}
 
 

@@ -308,7 +308,7 @@ def fit_quantizer(codec: Codec, items: list[dict], frames: int, iters: int, seed
     if latents.shape[0] > frames:
         latents = latents[torch.randperm(latents.shape[0])[:frames]]
     q = codec.quantizer
-    books = [pitch_codebook(q.codebook_size)]
+    books = [pitch_codebook(q.codebook_size, latents.shape[1])]
     residual = latents - books[0][nearest_codes(latents, books[0])]
     for c in range(1, q.n_codebooks):
         book, _ = kmeans(residual, q.codebook_size, iters)

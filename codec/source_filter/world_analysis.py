@@ -25,19 +25,19 @@ def _pyworld():
     return pyworld
 
 
-def harvest_f0(x: np.ndarray, sample_rate: int) -> np.ndarray:
-    """Harvest's F0 (Hz, 0 = unvoiced) of float64 `x` at frames t_j = j * 20 ms."""
+def harvest_f0(x: np.ndarray, sample_rate: int, frame_ms: float = WORLD_FRAME_MS) -> np.ndarray:
+    """Harvest's F0 (Hz, 0 = unvoiced) of float64 `x` at frames t_j = j * frame_ms (default 20 ms)."""
     lo, hi = WORLD_F0_RANGE
-    return _pyworld().harvest(x, sample_rate, f0_floor=lo, f0_ceil=hi, frame_period=WORLD_FRAME_MS)[0]
+    return _pyworld().harvest(x, sample_rate, f0_floor=lo, f0_ceil=hi, frame_period=frame_ms)[0]
 
 
-def compact_params(x: np.ndarray, f0: np.ndarray, sample_rate: int) -> np.ndarray:
-    """[T, 25 mel-cepstrum + coded aperiodicity bands] of float64 `x` at the frames of `f0` [T]:
-    CheapTrick's envelope as a 24-order mel-cepstrum, D4C's aperiodicity coded in WORLD's bands."""
+def compact_params(x: np.ndarray, f0: np.ndarray, sample_rate: int, frame_ms: float = WORLD_FRAME_MS) -> np.ndarray:
+    """[T, 25 mel-cepstrum + coded aperiodicity bands] of float64 `x` at the frames of `f0` [T] (every
+    frame_ms): CheapTrick's envelope as a 24-order mel-cepstrum, D4C's aperiodicity coded in WORLD's bands."""
     pyworld = _pyworld()
     import pysptk
 
-    t = np.arange(len(f0)) * WORLD_FRAME_MS / 1000
+    t = np.arange(len(f0)) * frame_ms / 1000
     envelope = pyworld.cheaptrick(x, f0, t, sample_rate, f0_floor=WORLD_F0_RANGE[0])  # [T, n_fft / 2 + 1]
     coded_ap = pyworld.code_aperiodicity(pyworld.d4c(x, f0, t, sample_rate), sample_rate)  # [T, bands]
     return np.concatenate([pysptk.sp2mc(envelope, WORLD_MCEP_ORDER, WORLD_MCEP_ALPHA), coded_ap], 1)

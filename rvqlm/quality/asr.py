@@ -117,14 +117,15 @@ class WhisperASR:
         self.language, self.beam_size = language, beam_size
         self.model = WhisperModel(str(self.model_dir), device="cpu", compute_type="int8", cpu_threads=threads)
 
-    def transcribe(self, wav: np.ndarray, sample_rate: int = ASR_RATE) -> str:
-        """The text heard in a 1-D float clip at 16 kHz ("" for an empty or silent one)."""
+    def transcribe(self, wav: np.ndarray, sample_rate: int = ASR_RATE, language: str | None = None) -> str:
+        """The text heard in a 1-D float clip at 16 kHz ("" for an empty or silent one), in `language`
+        (None: the one given at construction)."""
         if sample_rate != ASR_RATE:
             raise ValueError(f"Whisper hears {ASR_RATE} Hz audio, got {sample_rate} Hz: resample first")
         x = np.ascontiguousarray(np.asarray(wav, dtype=np.float32).reshape(-1))
         if x.size == 0 or not np.abs(x).max() > 0:
             return ""
-        segments, _ = self.model.transcribe(x, language=self.language, beam_size=self.beam_size, vad_filter=False)
+        segments, _ = self.model.transcribe(x, language=language or self.language, beam_size=self.beam_size, vad_filter=False)
         return " ".join(s.text.strip() for s in segments).strip()
 
 
