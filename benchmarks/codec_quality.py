@@ -101,6 +101,8 @@ class Row:
         lag = estimate_lag(reference, decoded, SAMPLE_RATE)
         self.scores.append(score(reference, align(decoded, lag, len(reference)), SAMPLE_RATE, with_dnsmos=True))
         self.words.append(words)
+        if words is not None:  # the file's own CER, for compare_quality.py's pairs
+            self.scores[-1]["cer"] = words.cer
         self.lags.append(lag)
         self.bits += bits
         self.seconds += len(reference) / SAMPLE_RATE
@@ -198,7 +200,9 @@ def run_benchmark(codec, files: list[Path], opus_kbps: list[float], codec2_modes
             rows[0].add_original(reference)
             if words is not None:
                 words.reference(path, reference)
-                rows[0].words.append(words.counts(path, reference))
+                rows[0].words.append(counts := words.counts(path, reference))
+                if counts is not None:
+                    rows[0].scores[-1]["cer"] = counts.cer
             for row in rows[1:]:
                 if row.group == "ours":
                     rt = ours_roundtrip(codec, reference, SAMPLE_RATE, row.param)

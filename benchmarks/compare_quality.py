@@ -22,8 +22,8 @@ import math
 import sys
 from pathlib import Path
 
-LOWER_IS_BETTER = {"mel"}
-DEFAULT_METRICS = ("mel", "stoi", "pesq", "dnsmos_ovrl")
+LOWER_IS_BETTER = {"mel", "cer"}
+DEFAULT_METRICS = ("mel", "stoi", "pesq", "dnsmos_ovrl", "cer")  # cer: each file's own CER
 
 
 def paired_difference(before: list[float], after: list[float], lower_is_better: bool = False) -> dict:

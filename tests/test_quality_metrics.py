@@ -277,6 +277,67 @@ def test_goal_is_codec2_3200_at_n_c_8_on_three_metrics_and_at_n_c_4_on_ovrl():
     assert cq.goal_verdict([rows[3]])["to_opus_6k_at_n_c4"] is None
 
 
+def test_the_goal_counts_words_where_measured_lower_cer_is_better():
+    """Issue 48: at N_c = 8 the codec keeps the words at least as well as codec2 3200 (CER at most its);
+    without a recognizer (no CER in the rows) the other lines decide alone."""
+    rows = [_summary("ours", "N_c=4", 0.80, 1.8, 2.4), _summary("ours", "N_c=8", 0.81, 1.9, 2.5),
+            _summary("codec2", "3200", 0.78, 1.5, 2.4)]
+    assert cq.goal_verdict(rows)["met"] is True
+    rows[1]["metrics"]["cer"], rows[2]["metrics"]["cer"] = 0.30, 0.25
+    v = cq.goal_verdict(rows)
+    assert v["met"] is False and ("N_c=8", "cer", False) in [(c["ours"], c["metric"], c["ok"]) for c in v["checks"]]
+    assert "N_c=8 CER 0.300 > 0.250" in v["line"]
+    rows[1]["metrics"]["cer"] = 0.25
+    assert cq.goal_verdict(rows)["met"] is True and "N_c=8 CER 0.250 <= 0.250" in cq.goal_verdict(rows)["line"]
+
+
+class _FakeASR:
+    """Hears the clip's length in tenths of a second, or a number when asked to."""
+
+    def __init__(self, digits: bool = False):
+        self.calls, self.digits = [], digits
+
+    def transcribe(self, wav, sample_rate, language=None):
+        self.calls.append(language)
+        return "3 ryby" if self.digits else " ".join(["slovo"] * max(1, len(wav) // 1600))
+
+
+def test_words_take_the_corpus_text_else_the_originals_transcript_in_the_folders_language(tmp_path):
+    texts = {str(tmp_path / "test" / "lvl" / "a.wav"): "slovo slovo"}
+    words = cq.Words(_FakeASR(), texts, None)
+    a, b = tmp_path / "test" / "lvl" / "a.wav", tmp_path / "test" / "ru_RU_f_X" / "b.wav"
+    assert words.reference(a, np.zeros(3200)) == "slovo slovo"  # the corpus text, not a transcript
+    assert words.reference(b, np.zeros(4800)) == "slovo slovo slovo"  # the original's transcript
+    assert words.asr.calls == ["ru"]  # the language of the speaker folder's locale
+    assert words.counts(a, np.zeros(3200)).cer == 0 and words.counts(b, np.zeros(1600)).cer > 0
+    assert words.asr.calls[1:] == [None, "ru"]  # a folder without a locale: detected
+    assert cq.Words(_FakeASR(), {}, "cs").language_of(b) == "cs"  # --language wins
+    digits = cq.Words(_FakeASR(digits=True), {}, None)
+    assert digits.reference(b, np.zeros(1600)) is None and digits.counts(b, np.zeros(1600)) is None
+
+
+def test_codec_quality_groups_pick_speaker_folders_and_refuse_unknown_ones(tmp_path):
+    from codec import Codec, CodecConfig
+
+    codec = Codec(CodecConfig.from_flat(dict(encoder_channels=2, decoder_channels=4, latent_dim=8, n_codebooks=2,
+                                             codebook_size=16, dilations=(1,)))).eval()
+    folder = codec.save_pretrained(tmp_path / "codec")
+    with pytest.raises(ValueError, match="--groups no_such_speaker: no file"):
+        cq.main(["--codec", str(folder), "--groups", "no_such_speaker", "--no-cer", "--no-progress"])
+    with pytest.raises(ValueError, match="--n-c 3: this codec has 1 to 2"):
+        cq.main(["--codec", str(folder), "--n-c", "3", "--no-cer", "--no-progress"])
+
+
+def test_narrowband_keeps_the_telephone_band_only():
+    t = np.arange(16000) / 16000
+    low, high = np.sin(2 * np.pi * 440 * t), np.sin(2 * np.pi * 6000 * t)
+    out = cq.narrowband((low + high).astype(np.float32))
+    assert out.shape == (16000,)
+    spectrum = np.abs(np.fft.rfft(out[1000:-1000]))
+    f = np.fft.rfftfreq(14000, 1 / 16000)
+    assert spectrum[np.abs(f - 6000) < 50].max() < 0.01 * spectrum[np.abs(f - 440) < 50].max()
+
+
 def test_opus_bitrates_default_to_the_floor_and_ours_above_it():
     assert cq.opus_bitrates(None, [0.5, 1.0, 4.0]) == [6.0]
     assert cq.opus_bitrates(None, [3.0, 6.0, 7.5]) == [6.0, 7.5]
@@ -302,16 +363,17 @@ def test_codec_quality_end_to_end_on_a_tiny_random_codec(tmp_path, capsys):
     folder = codec.save_pretrained(tmp_path / "codec")
     out = tmp_path / "q.json"
     assert cq.main(["--codec", str(folder), "--max-files", "1", "--codec2-modes", "1200", "--json", str(out),
-                    "--no-progress", "--group-by-folder"]) == 0
+                    "--no-progress", "--group-by-folder", "--no-cer"]) == 0
     printed = capsys.readouterr().out
     assert "ours N_c=3" in printed and "opus 6k voip" in printed and "codec2 1200" in printed and "goal" in printed
     assert "OVRL ^" in printed and "SI-SDR ^" in printed and "per folder: STOI / PESQ / OVRL" in printed
     result = json.loads(out.read_text())
     rows = {(r["system"], r["setting"]): r for r in result["rows"]}
     assert set(rows) == {("original", ""), ("ours", "N_c=1"), ("ours", "N_c=2"), ("ours", "N_c=3"),
-                         ("opus", "6k voip"), ("codec2", "1200"), ("WORLD compact", "oracle")}
-    oracle = rows[("WORLD compact", "oracle")]
+                         ("opus", "6k voip"), ("codec2", "1200"), ("WORLD compact", "20 ms"), ("WORLD compact", "10 ms")}
+    oracle = rows[("WORLD compact", "20 ms")]
     assert oracle["metrics"]["stoi"] > 0.8 and math.isnan(oracle["kbps"])  # the ceiling: no bits
+    assert rows[("WORLD compact", "10 ms")]["metrics"]["stoi"] > oracle["metrics"]["stoi"]  # finer frames keep more
     original = rows[("original", "")]["metrics"]
     assert 1 <= original["dnsmos_ovrl"] <= 5 and math.isnan(original["pesq"])  # DNSMOS only: the ceiling
     assert set(result["per_file"]["original"]["scores"][0]) == set(qm.DNSMOS_METRICS)
