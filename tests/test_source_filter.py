@@ -231,6 +231,22 @@ def test_two_envelopes_a_frame_decode_to_the_measured_envelopes_every_10_ms(spee
     assert "envelopes" not in _config(1).to_dict()["encoder"] and _config(2).to_dict()["decoder"]["envelopes"] == 2
 
 
+def test_the_quantizer_can_see_telephone_copies_of_the_training_files(speech_files):
+    """Issue 48: codebooks fitted on wideband files only lost the words of audio through 8 kHz; a recipe's
+    `narrowband_every: n` adds every n-th training file, band-limited, to the k-means set."""
+    from codec.source_filter.training import narrowband_copies, read_recipe
+
+    items = [{"wav": load_audio(f, SR, 1)[0]} for f in speech_files["train"][:4]]
+    copies = narrowband_copies(items, 3)
+    assert len(copies) == 2 and narrowband_copies(items, 0) == []
+    for item, copy in zip(items[::3], copies):
+        assert copy["wav"].shape == item["wav"].shape
+        high = lambda w: torch.fft.rfft(w)[int(0.28 * len(w)):].abs().pow(2).sum()  # noqa: E731 - above 4.5 kHz
+        assert high(copy["wav"]) < 1e-2 * high(item["wav"])
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "experiments" / "codec_source_filter_10ms.yaml"
+    assert read_recipe(recipe).narrowband_every == 3
+
+
 def test_the_f0_half_a_frame_before_is_the_geometric_mean_where_both_are_voiced():
     f0 = torch.tensor([100.0, 400.0, 0.0, 150.0])
     torch.testing.assert_close(mid_f0(f0), torch.tensor([100.0, 200.0, 0.0, 0.0]))

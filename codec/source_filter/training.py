@@ -64,6 +64,7 @@ class SourceFilterTraining:
     sigma: float = 1.5  # width in F0 bins of the soft F0 target
     kmeans_frames: int = 300_000  # frames the quantizer's k-means sees (a random subset)
     kmeans_iters: int = 25
+    narrowband_every: int = 0  # the quantizer also sees every n-th training file through 8 kHz (0: none)
     workers: int = 2  # processes of the WORLD analysis
     seed: int = 0
     checkpoint_every: int = 500
@@ -294,6 +295,18 @@ def train_network(recipe: SourceFilterTraining, config: CodecConfig, train: list
 # ----------------------------------------------------------------------------- 3. the quantizer
 
 
+def narrowband_copies(items: list[dict], every: int) -> list[dict]:
+    """Every `every`-th item's wav [S] through 8 kHz and back, as telephone audio arrives ([] for 0): the
+    codebooks then hold band-limited envelopes too (issue 48: without them, CER on telephone audio 0.09
+    against 0.01 from the unquantized latent)."""
+    import torchaudio.functional as AF
+
+    if every <= 0:
+        return []
+    return [{"wav": AF.resample(AF.resample(it["wav"], SAMPLE_RATE, 8000), 8000, SAMPLE_RATE)[: it["wav"].shape[-1]]}
+            for it in items[::every]]
+
+
 @torch.inference_mode()
 def fit_quantizer(codec: Codec, items: list[dict], frames: int, iters: int, seed: int) -> None:
     """The parameters' mean (in the encoder and the decoder), then codebook 1: the pitch grid; codebooks
@@ -337,7 +350,8 @@ def train_source_filter(recipe_path: str | os.PathLike) -> Path:
     net = train_network(recipe, config, train, valid)
     codec = Codec(config).eval()
     codec.encoder.net.load_state_dict(net.state_dict())
-    fit_quantizer(codec, train, recipe.kmeans_frames, recipe.kmeans_iters, recipe.seed)
+    fit_quantizer(codec, train + narrowband_copies(train, recipe.narrowband_every), recipe.kmeans_frames,
+                  recipe.kmeans_iters, recipe.seed)
     dest = Path(recipe.export_dir or run_dir / "pretrained")
     codec.save_pretrained(dest, decoder_dtype=recipe.decoder_dtype)
     print(f"codec saved to {dest}", flush=True)
