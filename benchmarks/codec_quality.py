@@ -46,7 +46,6 @@ distance from N_c = 4 to Opus 6 kbps (PESQ, STOI, OVRL).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import re
@@ -140,10 +139,10 @@ class Words:
         return self.asr.transcribe(wav, SAMPLE_RATE, language=self.language_of(path))
 
     def reference(self, path: Path, original: np.ndarray) -> str | None:
-        text = self.texts.get(path.name if path.name in self.texts else str(path))
+        text = self.texts.get(str(path))
         if text is None:
             text = self.transcribe(path, original)
-            text = None if re.search(r"\d", text) or not normalize_text(text) else text
+            text = None if re.search(r"\d", text) else text
         self.refs[path] = text if text and normalize_text(text) else None
         return self.refs[path]
 
@@ -154,19 +153,19 @@ class Words:
 
 def split_texts(corpus: str | Path, split: str) -> dict[str, str]:
     """{file path as listed by corpus_files: text} of the split's metadata.jsonl ({} without one)."""
-    meta = Path(corpus) / split / "metadata.jsonl"
-    if not meta.is_file():
+    from benchmarks.intelligibility import read_metadata
+
+    if not (Path(corpus) / split / "metadata.jsonl").is_file():
         return {}
-    rows = [json.loads(line) for line in meta.read_text(encoding="utf-8").split("\n") if line.strip()]
-    return {str(Path(corpus) / split / r["file_name"]): r["text"] for r in rows if r.get("text")}
+    return {str(Path(corpus) / split / r["file_name"]): r["text"] for r in read_metadata(Path(corpus) / split)
+            if r.get("text")}
 
 
 def narrowband(wav: np.ndarray) -> np.ndarray:
     """wav at 16 kHz through 8 kHz and back (the band of a telephone line)."""
-    import torchaudio.functional as AF
+    from codec.core.audio import band_limited
 
-    x = torch.from_numpy(np.ascontiguousarray(wav, np.float32))
-    return AF.resample(AF.resample(x, SAMPLE_RATE, 8000), 8000, SAMPLE_RATE)[: len(wav)].numpy()
+    return band_limited(torch.from_numpy(np.ascontiguousarray(wav, np.float32)), SAMPLE_RATE).numpy()
 
 
 def opus_bitrates(requested: list[float] | None, ours: list[float]) -> list[float]:

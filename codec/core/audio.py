@@ -243,6 +243,11 @@ def to_layout(
     return wav
 
 
+def band_limited(wav: torch.Tensor, sample_rate: int, band_rate: int = 8000) -> torch.Tensor:
+    """wav [..., S] resampled to `band_rate` and back, cut to its length (8 kHz: a telephone line's band)."""
+    return AF.resample(AF.resample(wav, sample_rate, band_rate), band_rate, sample_rate)[..., : wav.shape[-1]]
+
+
 def save_audio(path: str | os.PathLike, wav: torch.Tensor, sample_rate: int, subtype: str | None = None) -> Path:
     """Write `[C, S]` (or `[S]`) float audio atomically; the format follows the suffix (wav default PCM_16).
 

@@ -66,11 +66,18 @@ def _check_envelopes(who: str, envelopes: int) -> None:
         raise ValueError(f"source_filter {who} envelopes must be 1 or 2 (a frame's envelopes), got {envelopes}")
 
 
+def previous(x: torch.Tensor, before: torch.Tensor | None, dim: int) -> torch.Tensor:
+    """x one frame later along `dim`: frame t holds frame t - 1, frame 0 `before` (the frame before x's
+    first, without `dim`; None: x's first itself)."""
+    first = x.narrow(dim, 0, 1) if before is None else before.unsqueeze(dim)
+    return torch.cat([first, x.narrow(dim, 0, max(x.shape[dim] - 1, 0))], dim)
+
+
 def mid_f0(f0: torch.Tensor, before: torch.Tensor | None = None) -> torch.Tensor:
     """F0 [..., T] (0 = unvoiced) -> the F0 half a frame before each frame: the geometric mean of the frame
     and the one before (`before` [...], the frame before the first; default the first itself) where both
     are voiced, else 0."""
-    prev = torch.cat([(f0[..., :1] if before is None else before[..., None]), f0[..., :-1]], -1)
+    prev = previous(f0, before, -1)
     both = (prev > 0) & (f0 > 0)
     return torch.where(both, torch.sqrt(prev.clamp(min=0) * f0.clamp(min=0)), torch.zeros_like(f0))
 
@@ -78,8 +85,7 @@ def mid_f0(f0: torch.Tensor, before: torch.Tensor | None = None) -> torch.Tensor
 def mid_residual(mid: torch.Tensor, centre: torch.Tensor, before: torch.Tensor | None = None) -> torch.Tensor:
     """The mid envelopes' residuals from interpolation: mid, centre [..., T, 25]; `before` [..., 25] the centre
     envelope before the first (default the first itself)."""
-    prev = torch.cat([(centre[..., :1, :] if before is None else before[..., None, :]), centre[..., :-1, :]], -2)
-    return mid - 0.5 * (prev + centre)
+    return mid - 0.5 * (previous(centre, before, -2) + centre)
 
 
 def pitch_of_class(cls: torch.Tensor) -> torch.Tensor:
@@ -311,10 +317,10 @@ class SourceFilterDecoder(nn.Module):
         centre, ap = params[:, :MCEPS], params[:, -1] * AP_SCALE
         if self.envelopes == 1:
             return f0, centre, ap
-        mid = params[:, MCEPS:2 * MCEPS] + 0.5 * torch.cat([centre[:1] if before is None else before[1][None],
-                                                             centre[:-1]]) + 0.5 * centre
-        prev_ap = torch.cat([ap[:1] if before is None else before[2][None], ap[:-1]])
-        f0s = torch.stack([mid_f0(f0, None if before is None else before[0]), f0], 1).reshape(-1)
+        f0_before, centre_before, ap_before = (None, None, None) if before is None else before
+        mid = params[:, MCEPS:2 * MCEPS] + 0.5 * previous(centre, centre_before, 0) + 0.5 * centre
+        prev_ap = previous(ap, ap_before, 0)
+        f0s = torch.stack([mid_f0(f0, f0_before), f0], 1).reshape(-1)
         mceps = torch.stack([mid, centre], 1).reshape(-1, MCEPS)
         aps = torch.stack([0.5 * (prev_ap + ap), ap], 1).reshape(-1)
         skip = 1 if before is None else 0
