@@ -3,6 +3,8 @@
 # models/lm-speech-conditioned-16k) with their recipes, on the built-in corpus (plus the voices corpus for
 # the codec), on this machine's CPU: about three hours on 2 cores.
 #   the codec    recipes/codec_source_filter.yaml (`rvqlm train-source-filter`; its settings in the recipe)
+#   CODEC        1: train the codec and copy it into models/codec-speech-16k (the default); 0: keep the codec
+#                in models/codec-speech-16k and retrain the LMs on its tokens
 #   LM_STEPS     LM stage-1 steps (the shipped LM: 700)
 #   LM_STEPS2    LM stage-2 steps (recipes/shipped/lm_speech_stage2.yaml, from the stage-1 LM; the shipped LM:
 #                300; 0: none)
@@ -18,16 +20,19 @@ LM_STEPS=${LM_STEPS:-700}
 LM_STEPS2=${LM_STEPS2:-300}
 MASKED_STEPS=${MASKED_STEPS:-1000}
 COND_STEPS=${COND_STEPS:-1200}
+CODEC=${CODEC:-1}
 RVQLM=.venv/bin/rvqlm
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 $RVQLM corpus prepare fillets
-bash scripts/system_deps.sh --voices
-$RVQLM corpus prepare voices
-$RVQLM train-source-filter recipes/codec_source_filter.yaml --threads "$OMP_NUM_THREADS"
-# The shipped folder also holds the card and figures: copy the weights in beside them.
-cp runs/codec-source-filter/pretrained/config.json runs/codec-source-filter/pretrained/model.safetensors \
-    models/codec-speech-16k/
+if [ "$CODEC" = 1 ]; then
+  bash scripts/system_deps.sh --voices
+  $RVQLM corpus prepare voices
+  $RVQLM train-source-filter recipes/codec_source_filter.yaml --threads "$OMP_NUM_THREADS"
+  # The shipped folder also holds the card and figures: copy the weights in beside them.
+  cp runs/codec-source-filter/pretrained/config.json runs/codec-source-filter/pretrained/model.safetensors \
+      models/codec-speech-16k/
+fi
 fp=$(.venv/bin/python -c "from codec import Codec; print(Codec.from_pretrained('models/codec-speech-16k').token_fingerprint()[:12])")
 tokens=data/tokens/fillets-cs-16k-$fp
 $RVQLM tokenize data/fillets-cs-16k "$tokens" --codec models/codec-speech-16k

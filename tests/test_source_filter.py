@@ -277,3 +277,22 @@ def test_train_source_filter_runs_from_a_recipe_and_resumes(speech_files, tmp_pa
     assert "4 of 4 files analysed already" in out and "resumed at step 4 of 4" in out
     again = Codec.from_pretrained(tmp_path / "run" / "pretrained")
     assert again.token_fingerprint() == codec.token_fingerprint()
+
+
+def test_a_codec_saved_before_two_envelopes_keeps_its_config_and_so_its_fingerprints():
+    """The 20 ms codec shipped until issue 48 (fingerprint d2a1253ab2e5): `envelopes`, added later, stays out
+    of its config.json at its default, so its fingerprints and the token folders made with it still match."""
+    saved = {"causal": True, "channels": 1, "decoder": {"kind": "source_filter", "n_fft": 1024},
+             "encoder": {"kernel": 3, "kind": "source_filter", "layers": 4, "width": 256},
+             "latent_dim": 27,
+             "quantizer": {"codebook_size": 1024, "commitment_weight": 1.0, "dead_code_threshold": 0.02,
+                           "dropout": 0.0, "ema_decay": 0.99, "kmeans_init": False, "kmeans_iters": 10,
+                           "n_codebooks": 8},
+             "sample_rate": 16000, "strides": [4, 4, 5, 4]}
+    config = CodecConfig.from_dict(saved)
+    assert config.encoder.envelopes == 1 and config.decoder.envelopes == 1
+    assert config.to_dict() == saved  # what shaping_settings and token_settings hash
+    assert config.shaping_settings() == {"format_version": 2, **saved}
+    two = CodecConfig.from_dict({**saved, "latent_dim": 52, "encoder": {**saved["encoder"], "envelopes": 2},
+                                 "decoder": {**saved["decoder"], "envelopes": 2}})
+    assert two.to_dict()["encoder"]["envelopes"] == 2 and two.to_dict() != saved
