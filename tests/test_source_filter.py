@@ -243,7 +243,7 @@ def test_the_quantizer_can_see_telephone_copies_of_the_training_files(speech_fil
         assert copy["wav"].shape == item["wav"].shape
         high = lambda w: torch.fft.rfft(w)[int(0.28 * len(w)):].abs().pow(2).sum()  # noqa: E731 - above 4.5 kHz
         assert high(copy["wav"]) < 1e-2 * high(item["wav"])
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "experiments" / "codec_source_filter_10ms.yaml"
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "codec_source_filter.yaml"
     assert read_recipe(recipe).narrowband_every == 3
 
 
