@@ -3,7 +3,7 @@ tokens, write it again (half precision for shipping).
 
     rvqlm train-lm --config recipes/lm_speech.yaml [--trainer.max_steps 2000] [--ckpt_path last]
     rvqlm train-lm --config recipes/lm_masked_speech.yaml     (the recipe's model.config.family: masked)
-    rvqlm eval-lm --lm runs/lm_speech/pretrained --tokens data/tokens/fillets-cs-16k-1cceae4f7fee --split valid
+    rvqlm eval-lm --lm runs/lm_speech/pretrained --tokens data/tokens/fillets-cs-16k-2335577b91b5 --split valid
     rvqlm export-lm runs/lm_speech/pretrained models/lm-speech-16k --dtype float16
 """
 
