@@ -397,9 +397,10 @@ def test_an_unconditioned_lm_has_exactly_todays_parameters_and_config(tmp_path):
 
 
 def test_the_shipped_lm_loads_and_gives_the_logits_and_generation_it_gave_before_conditioning():
-    """Reference numbers recorded from models/lm-speech-16k (the source-filter codec's tokens) with the code
-    of 35aea3a, which gave the LM of stage 8's tokens (git 295b688) exactly the numbers recorded for it
-    with the code of a03c611, and the stage-7 LM (git e2a65ea) those of the code before issue 20."""
+    """Reference numbers recorded from models/lm-speech-16k (the two-envelope codec's tokens) with the code
+    of 567282f, which gave the LM of the one-envelope codec's tokens (git 567282f) exactly the numbers
+    recorded for it with the code of 35aea3a, the LM of stage 8's tokens (git 295b688) those of a03c611,
+    and the stage-7 LM (git e2a65ea) those of the code before issue 20."""
     shipped = REPO / "models" / "lm-speech-16k"
     lm = MultiCodebookLM.from_pretrained(shipped).eval()
     on_disk = json.loads((shipped / "config.json").read_text())["config"]
@@ -409,16 +410,16 @@ def test_the_shipped_lm_loads_and_gives_the_logits_and_generation_it_gave_before
         logits = lm(model_inputs(lm, codes))
         nll, valid = lm.token_nll(codes)
     assert logits.shape == (1, 8, 47, 1024) and int(valid.sum()) == 320
-    assert float(nll.sum()) == pytest.approx(2522.651123046875, rel=1e-5)
-    for (c, s, v), want in {(0, 0, 0): 3.94096302986145, (0, 5, 17): -0.327580064535141,
-                            (3, 20, 500): -0.4728180468082428, (7, 46, 1023): -2.870366096496582,
-                            (5, 30, 7): -0.8952480554580688}.items():
+    assert float(nll.sum()) == pytest.approx(2593.61669921875, rel=1e-5)
+    for (c, s, v), want in {(0, 0, 0): 5.2290825843811035, (0, 5, 17): -0.3582923412322998,
+                            (3, 20, 500): -1.0198235511779785, (7, 46, 1023): 0.1436999887228012,
+                            (5, 30, 7): -0.5045724511146545}.items():
         assert float(logits[0, c, s, v]) == pytest.approx(want, abs=2e-5)
     out = generate(lm, codes[..., :10], 12, sampling=SamplingOptions(greedy=True))
     assert out[0, :, 10:].tolist() == [
-        [0] * 12, [46, 46, 361] + [722] * 9, [359, 557, 528, 528, 635, 528, 327, 327, 635, 528, 528, 327],
-        [324] + [801] * 9 + [324, 801], [993, 993, 736, 759, 759, 759, 759, 759, 759, 376, 376, 43],
-        [800] * 4 + [424] * 8, [19, 19, 19] + [533] * 9, [855] * 9 + [946] * 3]
+        [0] * 12, [60] * 12, [511, 511, 753, 753, 753, 511, 511, 511, 511, 511, 511, 753], [925] * 12,
+        [98] * 9 + [192] * 3, [583] * 3 + [208] * 6 + [2] * 3, [688] * 7 + [174, 353, 353, 88, 756],
+        [634] * 7 + [165, 634, 634, 165, 1014]]
 
 
 # ---- training data: each window's condition from the token folder's metadata ------------------------
