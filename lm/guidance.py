@@ -89,6 +89,8 @@ class GuidedDecoder:
             return self.model(tokens, **forward_args)
         if self.reading is not None:
             self.reading.before(tokens.shape[-1])
+        if forward_args.get("frame_mask") is not None:  # [B, T]: one row per group's row
+            forward_args = {**forward_args, "frame_mask": torch.cat([forward_args["frame_mask"]] * self.groups)}
         return self._guide(self.model(torch.cat([tokens] * self.groups), memory=self.memory, **forward_args))
 
     def decode_step(self, tokens: Tensor, cache: KVCache) -> Tensor:

@@ -97,17 +97,24 @@ def chunk_starts(prompt_frames: int, total: int, window: int, context: int) -> l
 
 
 def iter_masked_decode(model, codes: Tensor, prompt_frames: int, steps: list[int], choose, decoder: GuidedDecoder,
-                       context: int, window: int, stretch: bool = False) -> Iterator[MaskedStep]:
-    """Fill codes [B, N_c, T] (prompt frames in place) chunk by chunk, level by level; yields every step."""
+                       context: int, window: int, stretch: bool = False,
+                       lengths: Tensor | None = None) -> Iterator[MaskedStep]:
+    """Fill codes [B, N_c, T] (prompt frames in place) chunk by chunk, level by level; yields every step.
+    lengths [B]: each row's frames (None: all T); frames past a row's length are no key of its attention."""
     b, n_c, total = codes.shape
     for c, (start, known, end) in enumerate(chunk_starts(prompt_frames, total, window, context)):
         tokens = codes[..., start:end].clone()
         tokens[..., known:] = model.mask_id
+        frame_mask = None
+        if lengths is not None and bool((lengths < end).any()):
+            frame_mask = torch.arange(start, end, device=codes.device)[None, :] < lengths[:, None]
+            frame_mask |= ~frame_mask.any(dim=1, keepdim=True)  # a row ended before this chunk: left as it is
         for q in range(n_c):
             hidden = torch.zeros(b, end - start, dtype=torch.bool, device=codes.device)
             hidden[:, known:] = True
             for i, n_fix in enumerate(unmask_schedule(end - start - known, steps[q])):
-                logits = decoder(tokens, level=q, stretch=stretch)[:, 0, known:]  # [B, n, |V|]
+                logits = decoder(tokens, level=q, stretch=stretch, start=start,
+                                 frame_mask=frame_mask)[:, 0, known:]  # [B, n, |V|]
                 sampled, confidence = choose(logits, 1.0 - (i + 1) / steps[q])
                 confidence = confidence.masked_fill(~hidden[:, known:], -math.inf)
                 keep = confidence.topk(n_fix, dim=1).indices + known  # [B, n_fix], frames of the window
@@ -169,12 +176,20 @@ class MaskedDecoding:
 
 def decode(model, request: DecodeRequest) -> tuple[Tensor, Tensor]:
     """The masked family's decoding (lm.families): the request's prompt [B, N_c, T0] continued by its
-    new frames -> codes [B, N_c, T0 + n], the prompt copied unchanged, and lengths [B] (all T0 + n)."""
+    new frames -> codes [B, N_c, T0 + n], the prompt copied unchanged, and lengths [B] (all T0 + n).
+    An aligned-text LM says each row's text in the frames its durations fill (at most T0 + n): codes
+    [B, N_c, longest row], 0 past each row's length."""
     options: MaskedDecoding = request.options
     cfg, prompt, device = model.config, request.prompt, model.device
     level_steps = steps_per_level(options.steps, cfg.n_codebooks)
     b, _, t0 = prompt.shape
     total = t0 + request.new_frames
+    decoder = GuidedDecoder(model, request.condition, request.sampling, b)
+    lengths = torch.full((b,), total, dtype=torch.long, device=device)
+    said = None if decoder.memory is None or decoder.memory.frames is None else decoder.memory.frame_len[:b]
+    if said is not None and bool((said > 0).any()):  # aligned text: the text's frames, at most the asked ones
+        total = min(total, max(t0 + 1, int(said.max())))
+        lengths = torch.where(said > 0, said.clamp(t0 + 1, total), total)
     window = _window(cfg, options.window, total)
     context = window // 2 if options.context is None else options.context
     if not 0 <= context < window:
@@ -183,16 +198,15 @@ def decode(model, request: DecodeRequest) -> tuple[Tensor, Tensor]:
     codes[..., :t0] = prompt
     bar = ProgressBar(len(chunk_starts(t0, total, window, context)) * sum(level_steps), request.progress, unit="call")
     try:
-        decoder = GuidedDecoder(model, request.condition, request.sampling, b)
         choose = _chooser(request.sampling, request.generator, check_choice_temperature(options.choice_temperature))
         for step in iter_masked_decode(model, codes, t0, level_steps, choose, decoder, context, window,
-                                       stretch=window > cfg.max_frames):
+                                       stretch=window > cfg.max_frames, lengths=lengths):
             if options.on_step is not None:
                 options.on_step(step)
             bar.update(1)
     finally:
         bar.close()
-    return codes, torch.full((b,), total, dtype=torch.long, device=device)
+    return codes * (torch.arange(total, device=device) < lengths[:, None, None]), lengths
 
 
 def default_window(cfg, total_frames: int) -> int:

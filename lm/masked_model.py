@@ -19,6 +19,7 @@ masked LM has no sequence likelihood and no token NLL (an AR LM's capabilities, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -100,18 +101,19 @@ class MaskedLM(LMTrunk):
         return self.config.bos_id
 
     def forward(self, tokens: Tensor, memory: CrossMemory | None = None, frame_mask: Tensor | None = None,
-                level: int | None = None, stretch: bool = False) -> Tensor:
+                level: int | None = None, stretch: bool = False, start: int = 0) -> Tensor:
         """tokens [B, N_c, T] ids in 0..|V|+1 -> logits [B, N_c, T, |V|]; `level` q: head q only, [B, 1, T, |V|].
         frame_mask [B, T] bool: False frames (padding) are no key of any attention. memory: as the AR LM's.
-        stretch: let a RoPE model read more than max_seq_len frames (distances it was never trained on)."""
-        h = self.hidden_states(tokens, memory, frame_mask, stretch)
+        stretch: let a RoPE model read more than max_seq_len frames (distances it was never trained on).
+        start: the clip frame of tokens[..., 0] (a later chunk of a long generation: where the aligned text is)."""
+        h = self.hidden_states(tokens, memory, frame_mask, stretch, start)
         weights = self.head_weights()
         if level is not None:
             weights = weights[level:level + 1]
         return torch.einsum("btd,cvd->bctv", h, weights.to(h.dtype))
 
     def hidden_states(self, tokens: Tensor, memory: CrossMemory | None = None,
-                      frame_mask: Tensor | None = None, stretch: bool = False) -> Tensor:
+                      frame_mask: Tensor | None = None, stretch: bool = False, start: int = 0) -> Tensor:
         """tokens [B, N_c, T] -> the final-norm outputs [B, T, d] of the bidirectional blocks."""
         cfg = self.config
         if tokens.dim() != 3 or tokens.shape[1] != cfg.n_codebooks or tokens.shape[-1] == 0:
@@ -127,6 +129,8 @@ class MaskedLM(LMTrunk):
                              f"pad {cfg.pad_id}, mask {self.mask_id})")
         memory = self._memory_for(b, memory)
         positions = torch.arange(t, device=tokens.device)
+        if start and memory is not None and memory.frames is not None:  # the aligned text from frame `start` on
+            memory = dataclasses.replace(memory, frames=memory.frames[:, start:])
         keys = torch.ones(1, t, dtype=torch.bool, device=tokens.device) if frame_mask is None else frame_mask
         mask = keys[:, None, None, :]  # [B | 1, 1, 1, T]: every query sees every real frame, both sides
         return self.trunk(tokens, positions, mask, None, memory)
@@ -146,7 +150,8 @@ class MaskedLM(LMTrunk):
         """codes [B, N_c, T] in 0..|V|-1, frame_mask [B, T] (False = padding at row ends) -> LMLoss: the
         mean NLL over the hidden positions of each row's level; nll_sum / count [N_c] per level.
         generator, level, ratio, prefix_prob: the masking (`draw_masking`). condition: a conditioned
-        LM's texts and speakers (null when None); `ends` must be None (a masked LM has no end id)."""
+        LM's texts and speakers (null when None); `ends` must be None (a masked LM has no end id). An
+        aligned-text LM's LMLoss also carries its duration loss where the condition has durations."""
         if ends is not None:
             raise ValueError("a masked LM has no end-of-audio target: pass ends=None")
         self._check_codes(codes, frame_mask)
@@ -165,4 +170,8 @@ class MaskedLM(LMTrunk):
         nll_sum = torch.zeros(n_c, dtype=nll.dtype, device=nll.device).index_add(0, row_level, nll)
         count = torch.zeros(n_c, dtype=torch.long, device=nll.device).index_add(
             0, row_level, torch.ones_like(row_level))
-        return LMLoss(loss=nll.sum() / count.sum().clamp(min=1), nll_sum=nll_sum, count=count)
+        duration = None
+        if memory is not None and memory.frames is not None and condition.durations is not None:
+            duration = self.condition_encoder.frame_text.duration_loss(
+                memory.states, condition.durations.to(memory.states.device), memory.text_len)
+        return LMLoss(loss=nll.sum() / count.sum().clamp(min=1), nll_sum=nll_sum, count=count, duration=duration)

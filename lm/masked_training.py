@@ -26,7 +26,8 @@ from lm.trunk import load_lm
 from lm.masked_model import MaskedLM
 from lm.moe import moe_aux_loss
 from lm.training import LMTrainingModule, batch_conditions, held_out_files
-from lm.warm_start import architecture_differences
+from lm.int8 import refuse_training
+from lm.warm_start import architecture_differences, decoder_into_conditioned
 
 VALID_SEED = 0
 
@@ -40,13 +41,20 @@ def seeded_generator(device: torch.device, *key: Any) -> torch.Generator:
 
 
 def masked_warm_start(model: MaskedLM, start, source: str) -> list[str]:
-    """Load LM `start` (masked, or AR differing only in family / pattern) into `model`; returns the fresh
-    tensors (none). ValueError naming `source` and every other difference."""
+    """Load LM `start` (masked, or AR differing only in family / pattern; unconditioned where `model` is
+    conditioned) into `model`; returns the fresh tensors (lm.warm_start: the condition parts, if any).
+    ValueError naming `source` and every other difference."""
+    refuse_training(start, f"init_from {source}:")
     allowed = ("family ", "pattern ") if start.config.family != model.config.family else ()
+    conditioned_from_plain = model.config.condition is not None and start.config.condition is None
+    allowed += ("condition ",) if conditioned_from_plain else ()
     differ = [d for d in architecture_differences(model.config, start.config) if not d.startswith(allowed)]
     if differ:
         raise ValueError(f"init_from {source}: its LM differs from this recipe's in " + ", ".join(differ)
-                         + " (a masked LM starts from an LM of the same architecture, AR or masked)")
+                         + " (a masked LM starts from an LM of the same architecture, AR or masked, conditioned "
+                           "or not)")
+    if conditioned_from_plain:
+        return decoder_into_conditioned(model, start, source)
     model.load_state_dict(start.state_dict())
     return []
 
@@ -86,17 +94,23 @@ class MaskedLMTrainingModule(LMTrainingModule):
         out = self.model.loss(batch["codes"], batch["frame_mask"], generator=g,
                               prefix_prob=self.hparams.prefix_prob, **self._conditions(batch))
         self._log_losses("train", out.nll_sum.detach(), out.count, loss=out.loss.detach())
+        total = out.loss
+        if out.duration is not None:  # an aligned-text LM's duration predictor (lm.aligned_text)
+            self.log("train/duration", out.duration.detach(), on_step=True, on_epoch=False)
+            total = total + self.lm_config.condition.duration_loss * out.duration
         aux = moe_aux_loss(self.model)  # a mixture of experts' load balance, as LMTrainingModule adds it
         if aux is None:
-            return out.loss
+            return total
         self.log("train/moe_aux", aux.detach(), on_step=True, on_epoch=False)
-        return out.loss + self.lm_config.moe_aux_weight * aux
+        return total + self.lm_config.moe_aux_weight * aux
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         g = seeded_generator(self.device, "valid", VALID_SEED, batch_idx, self.global_rank)
         out = self.model.loss(batch["codes"], batch["frame_mask"], generator=g, **self._conditions(batch))
         self._val_nll += out.nll_sum.double()
         self._val_count += out.count.double()
+        if out.duration is not None:
+            self._val_aux.setdefault("duration", []).append(out.duration.detach())
 
 
 # ---- scoring ------------------------------------------------------------------------------------------

@@ -48,12 +48,13 @@ def warm_start(model: nn.Module, start: nn.Module, source: str) -> list[str]:
         raise ValueError(f"init_from {source}: its LM differs from this recipe's in " + ", ".join(differ)
                          + " (an LM starts from the same architecture, or a conditioned LM from an unconditioned "
                            "one that differs only in `condition`)")
-    return _decoder_into_conditioned(model, start, source)
+    return decoder_into_conditioned(model, start, source)
 
 
 @torch.no_grad()
-def _decoder_into_conditioned(model: nn.Module, start: nn.Module, source: str) -> list[str]:
-    """Copy the unconditioned `start`'s decoder into the conditioned `model`; returns the fresh tensor names."""
+def decoder_into_conditioned(model: nn.Module, start: nn.Module, source: str) -> list[str]:
+    """Copy the unconditioned `start`'s decoder into the conditioned `model`; returns the fresh tensor names.
+    A family without an end-of-audio id (masked) keeps its ids, embedding rows and heads as they are."""
     mine, theirs = model.state_dict(), start.state_dict()
     v = model.config.codebook_size
     problems = [f"unexpected tensor {k}" for k in theirs if k not in mine]
@@ -62,7 +63,9 @@ def _decoder_into_conditioned(model: nn.Module, start: nn.Module, source: str) -
     for name, tensor in theirs.items():
         if name not in mine:
             continue
-        if name == "token_embedding.weight":
+        if model.config.end_id is None and mine[name].shape == tensor.shape:
+            mine[name].copy_(tensor)
+        elif name == "token_embedding.weight":
             _copy_rows(mine[name], tensor, model.config.n_codebooks,
                        [(slice(0, v), slice(0, v)), (v + 1, v), (v + 2, v + 1)])
         elif name == "head_weight":

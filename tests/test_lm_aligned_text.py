@@ -168,19 +168,26 @@ def test_every_window_reads_its_whole_text_placed_on_its_frames(tmp_path):
     assert dm.alphabet == build_alphabet(dm.train_files.texts + dm.valid_files.texts) and "ě" in dm.alphabet
 
 
-def test_an_aligned_lm_trains_and_generates_from_text(tmp_path):
+@pytest.mark.parametrize("family", ["ar", "masked"])
+def test_an_aligned_lm_trains_and_generates_from_text(tmp_path, family):
     """The CLI path: train-lm links the alphabet from the data, logs the duration loss, and the exported LM
-    says a text in a voice through `generate`."""
-    from test_lm_training import tiny_args
+    says a text in a voice through `generate` (either family)."""
+    from test_lm_training import REPO, tiny_args
 
     from lm import load_lm
     from lm.training import train_main
 
     tokens = aligned_tokens(tmp_path / "tok")
     cond = json.dumps({"text_max_bytes": 40, "encoder_layers": 1})
-    train_main(tiny_args(tokens, tmp_path / "run", "--data.conditions", "true", "--data.alignments", "true",
+    recipe = [] if family == "ar" else ["--config", str(REPO / "recipes" / "lm_masked_tiny.yaml"),
+                                        "--data.tokens_dir", str(tokens), "--trainer.default_root_dir",
+                                        str(tmp_path / "run")]
+    train_main(tiny_args(tokens, tmp_path / "run", *recipe, "--data.conditions", "true", "--data.alignments", "true",
                          "--model.config.condition", cond, "--trainer.max_steps", "3"))
+    logged = (next((tmp_path / "run").rglob("metrics.csv"))).read_text()
+    assert "train/duration" in logged
     model = load_lm(tmp_path / "run" / "pretrained")
+    assert model.config.family == family
     assert model.config.condition.alphabet.startswith("_ ") and "ě" in model.config.condition.alphabet
     codes = generate(model, None, 20, sampling=SamplingOptions(seed=1),
                      condition=Condition("věta", model.config.condition.speakers[0]))
@@ -202,3 +209,58 @@ def test_an_aligned_lm_ends_once_its_text_has_been_said():
                                   condition=Condition("ahoj", "font_small", durations=durations),
                                   options=ARDecoding(use_cache=cache), return_lengths=True)
             assert 16 <= int(lengths[0]) <= 16 + 25, (cache, seed, lengths)
+
+
+# ---- the masked family reading aligned text (SoundStorm's split: text on the frames, codes in parallel) ----
+
+def aligned_masked(seed: int = 0):
+    from lm.masked_model import MaskedLM
+
+    cond = {"speakers": SPEAKERS, "text_max_bytes": 32, "encoder_layers": 1, "text_dropout": 0.0,
+            "speaker_dropout": 0.0, "alphabet": ALPHABET}
+    torch.manual_seed(seed)
+    cfg = LMConfig(n_codebooks=3, codebook_size=16, d_model=32, n_layers=2, n_heads=4, max_seq_len=64, pos="rope",
+                   pattern="parallel", family="masked", condition=cond)
+    return randomized(MaskedLM(cfg), seed=seed).float().eval()
+
+
+def test_a_masked_lm_starts_from_the_plain_masked_lm_and_learns_durations():
+    """lm.masked_training.masked_warm_start: the decoder copied, only the condition parts fresh, so under the
+    null conditions the started LM is the plain one; its loss carries the duration predictor's (lm.aligned_text)."""
+    import dataclasses
+
+    from lm.masked_model import MaskedLM
+    from lm.masked_training import masked_warm_start
+
+    model = MaskedLM(aligned_masked().config).eval()  # fresh: the voice table at zero
+    plain = randomized(MaskedLM(dataclasses.replace(model.config, condition=None)), seed=5).float().eval()
+    fresh = masked_warm_start(model, plain, "plain")
+    assert fresh and all(any(p in name for p in ("condition_encoder.", ".cross_attn.", ".cross_norm."))
+                         for name in fresh)
+    codes = torch.randint(0, 16, (2, 3, 12))
+    torch.testing.assert_close(model(codes), plain(codes))  # null text adds no stream, zero cross output
+    cond = model.condition_inputs(["ahoj", "loď je tu"], SPEAKERS, 2)
+    cond.frame_units = frame_units_from_durations([[1, 2, 2, 2, 2, 1], [1] * 11], 12)
+    cond.durations = torch.tensor([[1.0, 2, 2, 2, 2, 1] + [-1.0] * 5, [1.0] * 11])
+    out = model.train().loss(codes, condition=cond, generator=torch.Generator().manual_seed(0))
+    assert out.duration is not None and out.duration > 0
+
+
+def test_a_masked_lm_says_each_text_in_its_own_frames():
+    """lm.masked_generate: an aligned-text masked LM fills the frames its text's durations give (given or
+    predicted), each row its own length, zero past it; chunked passes read the text where their frames are."""
+    from lm.masked_generate import MaskedDecoding
+
+    model = aligned_masked(seed=1)
+    rows = [[1, 2, 2, 2, 2, 1], [2] * 11]  # "ahoj": 10 frames; "loď je tu": 22 frames
+    cond = Condition(["ahoj", "loď je tu"], SPEAKERS, durations=rows)
+    for options in (MaskedDecoding(), MaskedDecoding(window=8, context=3)):
+        codes, lengths = generate(model, None, 40, sampling=SamplingOptions(seed=1, cfg_scale=2.0), condition=cond,
+                                  options=options, return_lengths=True)
+        assert lengths.tolist() == [10, 22] and codes.shape == (2, 3, 22)
+        assert codes[0, :, 10:].abs().sum() == 0
+    short, lengths = generate(model, None, 15, sampling=SamplingOptions(seed=1), condition=cond, return_lengths=True)
+    assert lengths.tolist() == [10, 15] and short.shape[-1] == 15  # --seconds still caps it
+    predicted, lengths = generate(model, None, 200, sampling=SamplingOptions(seed=1),
+                                  condition=Condition("ahoj", "font_big"), return_lengths=True)
+    assert 6 <= int(lengths[0]) == predicted.shape[-1] < 200
