@@ -37,6 +37,7 @@ import functools
 import json
 import math
 import platform
+import shlex
 import tempfile
 import time
 from dataclasses import dataclass
@@ -170,7 +171,7 @@ def speak_line(lm_dir: str, lm_model, codec, line: Line, args, durations: list[i
     seconds = 2 * line.seconds + 2
     flags = parse_args(["--lm", lm_dir, "--codec", args.codec, "--out", UNUSED_OUT, f"--text={line.text}",
                         f"--speaker={line.speaker}", "--seed", str(args.seed), "--cfg", f"{args.cfg!r}",
-                        "--seconds", f"{seconds!r}", "--no-progress"])
+                        "--seconds", f"{seconds!r}", "--no-progress", *shlex.split(args.generate_flags)])
     given = None if durations is None else Condition(line.text, line.speaker, durations=durations)
     out = generate_audio(flags, lm_model, codec, condition=given)
     n = out.lengths[0] * codec.hop_length
@@ -326,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                    "models/lm-speech-conditioned-16k)")
     p.add_argument("--codec", default="models/codec-speech-16k", help="the codec of the codec rows and the LMs")
     p.add_argument("--cfg", type=float, default=3.0, help="the LMs' guidance scale (default 3, the card's)")
+    p.add_argument("--generate-flags", default="", help="more `rvqlm generate` flags for the LM rows, e.g. "
+                   "\"--temperature 0.7 --steps 16,4\" (default: none, the command's defaults)")
     p.add_argument("--seed", type=int, default=1, help="the LMs' sampling seed, the same for every line (default 1)")
     p.add_argument("--rows", nargs="+", help=f"rows to run: {', '.join(FIXED_ROWS)}, lm (every --lm) or an LM row's "
                    "name (default: all)")
@@ -368,6 +371,7 @@ def run(args, rows: list[str], lm_rows: dict[str, str]) -> int:
           f"{', '.join(f'{len(refs[s])} {s}' for s in FISH)} real lines", flush=True)
     settings = {"lm": lm_rows, "codec": args.codec, "corpus": args.corpus, "split": args.split,
                 "lines_per_speaker": args.lines_per_speaker, "cfg": args.cfg, "seed": args.seed,
+                "generate_flags": args.generate_flags,
                 "asr_model": str(asr.model_dir), "language": args.language, "espeak_voice": args.espeak_voice,
                 "threads": args.threads, "machine": platform.platform()}
     per_line = {}
