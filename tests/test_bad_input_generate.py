@@ -27,6 +27,9 @@ prompt-not-audio | --prompt {w}/lm/config.json --out {w}/o.wav | 2 | not a reada
 a-codec-folder-as-the-lm | --lm {w}/codec --out {w}/o.wav | 2 | {w}/codec
 no-lm-folder | --lm {w}/nowhere --out {w}/o.wav | 2 | no LM folder
 zero-seconds | --out {w}/o.wav --seconds 0 | 2 | --seconds must be > 0
+decode-no-codebooks | --out {w}/o.wav --decode-codebooks 0 | 2 | --decode-codebooks must be >= 1
+decode-more-codebooks-than-made | --out {w}/o.wav --decode-codebooks 99 | 2 | --decode-codebooks 99: the LM makes
+decode-the-first-codebook | --out {w}/o.wav --decode-codebooks 1 | 0 |  | o.wav
 """)
 
 

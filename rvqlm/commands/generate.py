@@ -82,6 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stream", action="store_true",
                    help="write the continuation's wav while it is generated, a valid file at every moment that a "
                         "player can follow (rvqlm/commands/stream_generate.py); same codes as without it")
+    p.add_argument("--decode-codebooks", type=int, default=None, metavar="K",
+                   help="decode only the first K generated codebooks (the finer codes left out, as the codec's "
+                        "first-k decoding; default: all)")
     p.set_defaults(func=_generate)
 
 
@@ -110,6 +113,10 @@ def check_request(args: argparse.Namespace) -> None:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+    if args.decode_codebooks is not None and args.decode_codebooks < 1:
+        raise ValueError(f"--decode-codebooks must be >= 1, got {args.decode_codebooks}")
+    if args.decode_codebooks is not None and args.stream:
+        raise ValueError("--decode-codebooks decodes the finished codes; it is not for --stream")
     if args.prompt_seconds is not None:
         if args.prompt is None:
             raise ValueError("--prompt-seconds needs --prompt")
@@ -316,7 +323,10 @@ def generate_audio(args: argparse.Namespace, lm_model, codec, condition=None, op
                               frame_rate=codec.frame_rate, return_lengths=True, sampling=sampling_options(args),
                               condition=condition, options=options)
     elapsed = time.perf_counter() - start
-    wav = codec.decode(codes)  # [B, C, T * hop]
+    keep = args.decode_codebooks or codes.shape[1]
+    if keep > codes.shape[1]:
+        raise ValueError(f"--decode-codebooks {keep}: the LM makes {codes.shape[1]} codebooks")
+    wav = codec.decode(codes[:, :keep])  # [B, C, T * hop]
     return Generated(codes, lengths.tolist(), wav, prompt.shape[-1], new_frames, elapsed)
 
 
