@@ -87,7 +87,8 @@ def test_recipe_parses_as_its_header_runs_it(recipe, capsys, shipped_tokens_dir)
     data = config["data"]
     if command == "train-lm" and recipe.name == "lm_text_bytes.yaml":
         assert data["tokens_dir"] == TEXT_TOKENS_DIR, "the token folder `rvqlm corpus text-tokens` writes"
-    elif recipe.name.startswith("lm_speech_conditioned"):  # the folder lm_speech_conditioned.yaml's header tokenizes
+    elif recipe.name.startswith("lm_speech_conditioned") or recipe.name.endswith("_aligned.yaml"):
+        # the folder lm_speech_conditioned.yaml's header tokenizes (aligned-text recipes read its alignments)
         assert data["tokens_dir"] == shipped_tokens_dir.replace("fillets-cs-16k", "fillets-synth-cs-16k")
     elif recipe.name in HF_RECIPES:  # the folder its header tokenizes with a Hugging Face codec
         family, n_c = HF_RECIPES[recipe.name]
