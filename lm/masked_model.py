@@ -170,8 +170,5 @@ class MaskedLM(LMTrunk):
         nll_sum = torch.zeros(n_c, dtype=nll.dtype, device=nll.device).index_add(0, row_level, nll)
         count = torch.zeros(n_c, dtype=torch.long, device=nll.device).index_add(
             0, row_level, torch.ones_like(row_level))
-        duration = None
-        if memory is not None and memory.frames is not None and condition.durations is not None:
-            duration = self.condition_encoder.frame_text.duration_loss(
-                memory.states, condition.durations.to(memory.states.device), memory.text_len)
-        return LMLoss(loss=nll.sum() / count.sum().clamp(min=1), nll_sum=nll_sum, count=count, duration=duration)
+        return LMLoss(loss=nll.sum() / count.sum().clamp(min=1), nll_sum=nll_sum, count=count,
+                      duration=self.duration_loss(memory, condition))

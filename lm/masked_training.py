@@ -94,10 +94,7 @@ class MaskedLMTrainingModule(LMTrainingModule):
         out = self.model.loss(batch["codes"], batch["frame_mask"], generator=g,
                               prefix_prob=self.hparams.prefix_prob, **self._conditions(batch))
         self._log_losses("train", out.nll_sum.detach(), out.count, loss=out.loss.detach())
-        total = out.loss
-        if out.duration is not None:  # an aligned-text LM's duration predictor (lm.aligned_text)
-            self.log("train/duration", out.duration.detach(), on_step=True, on_epoch=False)
-            total = total + self.lm_config.condition.duration_loss * out.duration
+        total = self._with_duration(out, out.loss)
         aux = moe_aux_loss(self.model)  # a mixture of experts' load balance, as LMTrainingModule adds it
         if aux is None:
             return total
@@ -109,8 +106,7 @@ class MaskedLMTrainingModule(LMTrainingModule):
         out = self.model.loss(batch["codes"], batch["frame_mask"], generator=g, **self._conditions(batch))
         self._val_nll += out.nll_sum.double()
         self._val_count += out.count.double()
-        if out.duration is not None:
-            self._val_aux.setdefault("duration", []).append(out.duration.detach())
+        self._keep_val_aux(out)
 
 
 # ---- scoring ------------------------------------------------------------------------------------------

@@ -182,11 +182,7 @@ class MultiCodebookLM(LMTrunk):
         nll = F.cross_entropy(rearrange(logits, "b c s v -> (b c s) v"), seq.masked_fill(~valid, -100).flatten(),
                               ignore_index=-100, reduction="none")
         guided = guided_attention_loss(recorded, memory, ends, valid, cfg.condition) if guide else None
-        duration = None
-        if memory is not None and memory.frames is not None and condition is not None and condition.durations is not None:
-            duration = self.condition_encoder.frame_text.duration_loss(
-                memory.states, condition.durations.to(memory.states.device), memory.text_len)
-        return nll.view_as(seq), valid, guided, duration
+        return nll.view_as(seq), valid, guided, self.duration_loss(memory, condition)
 
     def loss(self, codes: Tensor, frame_mask: Tensor | None = None, condition: ConditionInputs | None = None,
              ends: Tensor | None = None, guide: bool | None = None) -> LMLoss:

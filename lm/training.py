@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from lm.config import LMConfig
 from lm.data import TokenDataModule, TokenFiles, ValidWindows, batch_conditions, check_conditions
 from lm.families import family_of, recipe_family
-from lm.trunk import build_lm, load_lm
+from lm.trunk import LMLoss, build_lm, load_lm
 from lm.model import MultiCodebookLM
 from lm.moe import moe_aux_loss
 from lm.warm_start import warm_start
@@ -198,14 +198,25 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         if out.guide is not None:  # guided attention (lm.alignment), weighted by the condition config
             self.log("train/guide", out.guide.detach(), on_step=True, on_epoch=False)
             total = total + self.lm_config.condition.guided_attention * out.guide
-        if out.duration is not None:  # an aligned-text LM's duration predictor (lm.aligned_text)
-            self.log("train/duration", out.duration.detach(), on_step=True, on_epoch=False)
-            total = total + self.lm_config.condition.duration_loss * out.duration
+        total = self._with_duration(out, total)
         aux = moe_aux_loss(self.model)  # a mixture of experts' load balance (lm.moe), weighted by the config
         if aux is None:
             return total
         self.log("train/moe_aux", aux.detach(), on_step=True, on_epoch=False)
         return total + self.lm_config.moe_aux_weight * aux
+
+    def _with_duration(self, out: LMLoss, total: Tensor) -> Tensor:
+        """total plus an aligned-text LM's weighted duration loss (lm.aligned_text), logged; total if none."""
+        if out.duration is None:
+            return total
+        self.log("train/duration", out.duration.detach(), on_step=True, on_epoch=False)
+        return total + self.lm_config.condition.duration_loss * out.duration
+
+    def _keep_val_aux(self, out: LMLoss) -> None:
+        """Keep the held-out auxiliary losses (guide, duration) of one validation batch."""
+        for name in ("guide", "duration"):
+            if getattr(out, name) is not None:
+                self._val_aux.setdefault(name, []).append(getattr(out, name).detach())
 
     def on_train_batch_end(self, outputs, batch: dict[str, Tensor], batch_idx: int) -> None:
         now = time.perf_counter()
@@ -247,9 +258,7 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
         out = self.model.loss(batch["codes"], batch["frame_mask"], **batch_conditions(self.model, batch), guide=guide)
         self._val_nll += out.nll_sum.double()
         self._val_count += out.count.double()
-        for name in ("guide", "duration"):
-            if getattr(out, name) is not None:
-                self._val_aux.setdefault(name, []).append(getattr(out, name).detach())
+        self._keep_val_aux(out)
 
     def on_validation_epoch_end(self) -> None:
         self._last_batch_end = None  # the next training interval would include this validation

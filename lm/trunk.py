@@ -221,6 +221,14 @@ class LMTrunk(nn.Module):
         memory.kv = [block.cross_attn.keys_values(memory.states) for block in self.blocks]
         return memory
 
+    def duration_loss(self, memory: CrossMemory | None, condition: ConditionInputs | None) -> Tensor | None:
+        """An aligned-text LM's duration loss (lm.aligned_text) of `memory`, the encoding of `condition`,
+        where the condition carries duration targets; None otherwise."""
+        if memory is None or memory.frames is None or condition is None or condition.durations is None:
+            return None
+        return self.condition_encoder.frame_text.duration_loss(
+            memory.states, condition.durations.to(memory.states.device), memory.text_len)
+
     def _check_codes(self, codes: Tensor, frame_mask: Tensor | None) -> None:
         cfg = self.config
         if codes.dim() != 3 or codes.shape[1] != cfg.n_codebooks:

@@ -317,16 +317,16 @@ def generate_audio(args: argparse.Namespace, lm_model, codec, condition=None, op
 
     condition = check_condition(args, lm_model) if condition is None else condition
     options = family_options(args, lm_model) if options is None else options
+    n_c = lm_model.config.n_codebooks
+    if (args.decode_codebooks or 0) > n_c:
+        raise ValueError(f"--decode-codebooks {args.decode_codebooks}: the LM makes {n_c} codebooks")
     prompt, new_frames = prompt_and_length(args, lm_model, codec)
     start = time.perf_counter()
     codes, lengths = generate(lm_model, prompt, new_frames, progress=not args.no_progress,
                               frame_rate=codec.frame_rate, return_lengths=True, sampling=sampling_options(args),
                               condition=condition, options=options)
     elapsed = time.perf_counter() - start
-    keep = args.decode_codebooks or codes.shape[1]
-    if keep > codes.shape[1]:
-        raise ValueError(f"--decode-codebooks {keep}: the LM makes {codes.shape[1]} codebooks")
-    wav = codec.decode(codes[:, :keep])  # [B, C, T * hop]
+    wav = codec.decode(codes[:, :args.decode_codebooks or n_c])  # [B, C, T * hop]
     return Generated(codes, lengths.tolist(), wav, prompt.shape[-1], new_frames, elapsed)
 
 
