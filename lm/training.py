@@ -207,16 +207,14 @@ class LMTrainingModule(ResumesRngState, pl.LightningModule):
 
     def _with_duration(self, out: LMLoss, total: Tensor) -> Tensor:
         """total plus an aligned-text LM's weighted duration loss (lm.aligned_text), logged; total if none."""
-        if out.duration is None:
-            return total
-        self.log("train/duration", out.duration.detach(), on_step=True, on_epoch=False)
-        return total + self.lm_config.condition.duration_loss * out.duration
+        if out.duration is not None:
+            self.log("train/duration", out.duration.detach(), on_step=True, on_epoch=False)
+        return total if out.duration is None else total + self.lm_config.condition.duration_loss * out.duration
 
     def _keep_val_aux(self, out: LMLoss) -> None:
         """Keep the held-out auxiliary losses (guide, duration) of one validation batch."""
-        for name in ("guide", "duration"):
-            if getattr(out, name) is not None:
-                self._val_aux.setdefault(name, []).append(getattr(out, name).detach())
+        for name in (n for n in ("guide", "duration") if getattr(out, n) is not None):
+            self._val_aux.setdefault(name, []).append(getattr(out, name).detach())
 
     def on_train_batch_end(self, outputs, batch: dict[str, Tensor], batch_idx: int) -> None:
         now = time.perf_counter()
