@@ -52,7 +52,6 @@ ALIGNMENTS = "data/tokens/fillets-synth-cs-16k-2335577b91b5/alignments.jsonl"
 
 @dataclass
 class Item:
-    key: str  # split/file_name, as alignments.jsonl names it
     speaker: str
     latent: torch.Tensor  # [T, D]: pitch, then the envelope's parameters
     hidden: torch.Tensor  # [T, H]: the aligner's states ([T, 0] without them)
@@ -65,12 +64,11 @@ def analyse(codec, aligner, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     from codec.core.audio import load_audio
     from rvqlm.align.features import log_mel
 
-    wav = load_audio(path, 16000, 1)
+    wav = load_audio(path, codec.sample_rate, 1)
     latent = codec.encoder(codec.pad_to_hop(wav[None]))[0].T
     if aligner is None:
         return latent.clone(), latent.new_zeros(len(latent), 0)
-    x = aligner.convs(log_mel(wav)[None].transpose(1, 2)).transpose(1, 2)
-    hidden = aligner.gru(x)[0][0]
+    hidden = aligner.states(log_mel(wav)[None])[0]
     t = min(len(latent), len(hidden))
     return latent[:t].clone(), hidden[:t].clone()
 
@@ -90,10 +88,9 @@ def load_items(corpus: str, split: str, codec, aligner, alignments: dict, alphab
     for r in rows:
         if speakers is not None and not speakers(r.get("speaker")):
             continue
-        key = f"{split}/{r['file_name']}"
         latent, hidden = analyse(codec, aligner, Path(corpus) / split / r["file_name"])
-        al = alignments.get(key)
-        items.append(Item(key, r.get("speaker") or "", latent, hidden,
+        al = alignments.get(f"{split}/{r['file_name']}")  # alignments.jsonl names a line split/file_name
+        items.append(Item(r.get("speaker") or "", latent, hidden,
                           None if al is None else frame_units(al, len(latent), alphabet)))
     return items
 
@@ -273,8 +270,8 @@ def run(args) -> int:
     for row in args.rows:
         latents = row_latents(row, train, test, args)
         counts, transcripts, error = [], [], 0.0
+        first = 0 if row == "text" else 1  # the channels the row rebuilds (the others keep the true pitch)
         for line, item, z in zip(lines, test, latents):
-            first = 1 if row != "text" else 0
             error += (z[:, first:] - item.latent[:, first:]).pow(2).sum().item()
             with torch.inference_mode():
                 wav = codec.decoder(z.T[None].float())[0, 0].numpy()

@@ -26,7 +26,7 @@ def test_the_semantic_level_picks_its_code_from_the_states_and_decodes_the_mean_
     for i in range(CODES + 200):  # two kinds of states, each with its own envelope
         s = i % 2
         frames.append((states[s] + 0.01 * torch.randn(2), torch.tensor([0.0, 1.0 + 2 * s, -s]) + 0.01 * torch.randn(3)))
-    item = Item("train/x.wav", "a", torch.stack([f[1] for f in frames]), torch.stack([f[0] for f in frames]))
+    item = Item("a", torch.stack([f[1] for f in frames]), torch.stack([f[0] for f in frames]))
     levels = FirstLevels.fit([item], pitch, semantic=True, iters=3)
     codes = levels.codes(item)
     assert codes.shape == (2, len(frames)) and (codes[0] == 0).all()

@@ -63,8 +63,12 @@ class CTCAligner(nn.Module):
         """feats [B, T, n_mels] -> log-probs [B, T, n_classes]. A batch is padded with zeros past each
         utterance's end, unpacked (packing costs ~3x on CPU): training batches utterances of nearly
         equal length, so the backward GRU starts at most a few padded frames early."""
+        return self.out(self.states(feats)).log_softmax(dim=-1)
+
+    def states(self, feats: torch.Tensor) -> torch.Tensor:
+        """feats [B, T, n_mels] -> the bidirectional GRU's states [B, T, 2 * hidden], before the classes."""
         x = self.convs(feats.transpose(1, 2)).transpose(1, 2)
-        return self.out(self.gru(x)[0]).log_softmax(dim=-1)
+        return self.gru(x)[0]
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         return save_folder(path, ALIGNER_FORMAT, asdict(self.config), cpu_state(self))
